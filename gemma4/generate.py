@@ -1,0 +1,63 @@
+"""Plain greedy decoding with the KV cache, and a cache-free reference decoder for tests.
+
+Greedy is an explicit argmax (first index of the maximum on ties) of the softcapped logits.
+The loop owns the position: it passes `start_pos` to every forward and moves `cache.length`.
+"""
+
+import torch
+
+from gemma4.cache import KVCache
+from gemma4.model import Gemma4Model
+
+
+def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
+    """Reject what the model cannot run, with a message that says what to change."""
+    c = model.config
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token")
+    bad = [i for i in prompt if not 0 <= i < c.vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if len(prompt) >= c.max_position_embeddings:
+        raise ValueError(
+            f"the prompt has {len(prompt)} tokens; the model's context is {c.max_position_embeddings}: shorten it"
+        )
+
+
+@torch.inference_mode()
+def greedy_generate(
+    model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: list[int] | tuple[int, ...] = (),
+) -> list[int]:
+    """New tokens, ending with the first stop id (kept) or after max_new_tokens."""
+    check_prompt(model, prompt, max_new_tokens)
+    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+    capacity = min(len(prompt) + max_new_tokens, model.config.max_position_embeddings)
+    cache = KVCache(model.config, capacity, dtype=dtype, device=device)
+    ids = torch.tensor([prompt], device=device)  # (1, T)
+    out = model.run(ids, cache, start_pos=0, num_logits=1)  # prefill
+    cache.length = len(prompt)
+    new: list[int] = []
+    while True:
+        token = int(out.logits[0, -1].argmax())
+        new.append(token)
+        if token in stop_ids or len(new) == max_new_tokens or cache.length >= capacity:
+            return new
+        out = model.run(torch.tensor([[token]], device=device), cache, start_pos=cache.length)
+        cache.length += 1
+
+
+@torch.inference_mode()
+def reference_greedy(
+    model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: list[int] | tuple[int, ...] = (),
+) -> list[int]:
+    """Obviously correct and slow: recompute the whole sequence for every new token, no cache."""
+    seq = list(prompt)
+    device = model.embed_tokens.weight.device
+    for _ in range(max_new_tokens):
+        token = int(model(torch.tensor([seq], device=device))[0, -1].argmax())
+        seq.append(token)
+        if token in stop_ids:
+            break
+    return seq[len(prompt):]

@@ -1,0 +1,331 @@
+"""The Gemma 4 text model (the *target*): norms, RoPE, attention, MLP, MoE, decoder layer, model.
+
+Spec: shared/spec/gemma4.md (cited as §n). Facts a reader must know:
+- RMSNorm multiplies by its weight directly (not 1 + w) and runs in fp32 (§2.1).
+- Attention scale is 1.0: q_norm and k_norm already normalise the dot product (§2.4).
+- Sliding and full layers differ in head size, kv heads, RoPE and mask (§1.3, §2.3, §2.8).
+- KV-shared layers own no K/V: they attend to the K/V of the last non-shared layer of their type,
+  computed earlier in the same forward (§1.4). The forward returns those two layers' K/V, which is
+  exactly what the MTP drafter reads.
+- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§2.9); the MoE block
+  (26B-A4B) runs beside the dense MLP, not instead of it (§2.7).
+
+Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim,
+E hidden size, V vocab, L layers, P PLE width, X experts, I expert width, k experts per token.
+"""
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gemma4.cache import KVCache
+from gemma4.config import FULL, SLIDING, RopeConfig, TextConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """§2.1: in fp32, times the weight directly (not 1 + w), cast back to the input dtype."""
+    xf = x.float()
+    out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        out = out * weight.float()
+    return out.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")  # `gelu_pytorch_tanh` in config.json
+
+
+def embed_scale(dim: int, dtype: torch.dtype) -> float:
+    """sqrt(dim) rounded to the weight dtype first (§2.2): 39.25, not 39.19, for E2B in bf16."""
+    return float(torch.tensor(dim**0.5, dtype=dtype))
+
+
+# ---------------------------------------------------------------- RoPE (§2.3)
+
+def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> torch.Tensor:
+    """(D/2,) angular frequencies. "proportional" rotates only the first n pairs, the rest get 0."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim  # (D/2,)
+    freqs = rope.theta ** -exponent / rope.factor
+    rotated = int(rope.partial_rotary_factor * head_dim / 2)  # 64 of 256 pairs on full layers
+    freqs[rotated:] = 0.0  # zero frequency: cos 1, sin 0, the pair passes unchanged
+    return freqs
+
+
+def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    angles = positions.float()[:, None] * freqs[None, :]  # (T, D/2), fp32
+    angles = torch.cat([angles, angles], dim=-1)  # (T, D): dims i and i + D/2 share an angle
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, T, H, D); rotate-half layout: pair i is (i, i + D/2), not interleaved."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # (B, T, H, D)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]  # cos (T, D) -> (T, 1, D)
+
+
+# ---------------------------------------------------------------- masks (§2.8)
+
+def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(T, S) bool, True = visible. Key j is visible to query p iff j <= p (and p - window < j).
+
+    The one mask helper: prefill, one-token decode, (K+1)-token verification and the drafter.
+    """
+    visible = k_pos[None, :] <= q_pos[:, None]  # (T, S)
+    if window is not None:
+        visible &= k_pos[None, :] > q_pos[:, None] - window
+    return visible
+
+
+class LayerInputs(NamedTuple):
+    """What every layer of one type needs for one forward, computed once per type."""
+    cos: torch.Tensor  # (T, D)
+    sin: torch.Tensor  # (T, D)
+    mask: torch.Tensor  # (T, S') over key positions key_start..end-1
+    key_start: int  # sliding layers skip keys that left the window
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q (B, T, H, D), k/v (B, K, S, D), mask (T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0, enable_gqa=True
+    )  # (B, H, T, D)
+    return out.transpose(1, 2).flatten(2)  # (B, T, H*D)
+
+
+# ---------------------------------------------------------------- attention (§2.4)
+
+class Attention(nn.Module):
+    def __init__(self, config: TextConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.head_dim = d = config.head_dims[layer]
+        self.shared = config.is_shared(layer)
+        kv_heads, e = config.kv_heads[layer], config.hidden_size
+        self.eps = config.rms_norm_eps
+        self.q_proj = nn.Linear(e, config.num_heads * d, bias=False)
+        self.q_norm = RMSNorm(d, self.eps)
+        self.o_proj = nn.Linear(config.num_heads * d, e, bias=False)
+        if not self.shared:  # shared layers hold no k/v weights at all
+            self.k_proj = nn.Linear(e, kv_heads * d, bias=False)
+            self.k_norm = RMSNorm(d, self.eps)
+            if config.has_v_proj(layer):
+                self.v_proj = nn.Linear(e, kv_heads * d, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, start: int,
+        shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x (B, T, E) -> (B, T, E), and this layer's K/V over positions 0..start+T-1."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, -1, self.head_dim)  # (B, T, H, D), head-major columns
+        q = apply_rope(self.q_norm(q), inp.cos, inp.sin)
+        if self.shared:
+            k, v = shared_kv  # (B, K, S, D) of the source layer, this forward's positions included
+        else:
+            k_raw = self.k_proj(x).view(b, t, -1, self.head_dim)  # (B, T, K, D)
+            # K=V layers: V is the *raw* key projection, taken before k_norm (§2.4).
+            v_raw = self.v_proj(x).view(b, t, -1, self.head_dim) if hasattr(self, "v_proj") else k_raw
+            k = apply_rope(self.k_norm(k_raw), inp.cos, inp.sin).transpose(1, 2)  # (B, K, T, D)
+            v = rms_norm(v_raw, None, self.eps).transpose(1, 2)  # weightless v_norm, no RoPE; (B, K, T, D)
+            if cache is not None:
+                k, v = cache.write(self.layer, start, k, v)  # (B, K, start+T, D) views
+        s = inp.key_start
+        out = attend(q, k[:, :, s:], v[:, :, s:], inp.mask)  # (B, T, H*D)
+        return self.o_proj(out), (k, v)
+
+
+# ---------------------------------------------------------------- feed-forward (§2.5, §2.7)
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, width: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.up_proj = nn.Linear(hidden, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.eps, self.top_k = config.rms_norm_eps, config.top_k_experts
+        self.root_size = config.hidden_size**-0.5  # a plain float multiplier (§6)
+        self.proj = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.scale = nn.Parameter(torch.empty(config.hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.empty(config.num_experts))
+
+    def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """r (N, E) -> weights (N, k) fp32 and expert ids (N, k)."""
+        z = rms_norm(r, None, self.eps) * self.scale * self.root_size  # weightless norm, then scale
+        prob = torch.softmax(self.proj(z), dim=-1, dtype=torch.float32)  # (N, X)
+        weights, experts = torch.topk(prob, self.top_k, dim=-1)  # (N, k)
+        weights = weights / weights.sum(dim=-1, keepdim=True)  # renormalise over the chosen k
+        return weights * self.per_expert_scale[experts], experts
+
+
+class Experts(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        x, i, e = config.num_experts, config.moe_intermediate_size, config.hidden_size
+        self.width = i
+        self.gate_up_proj = nn.Parameter(torch.empty(x, 2 * i, e))  # gate rows first, then up
+        self.down_proj = nn.Parameter(torch.empty(x, e, i))
+
+    def forward(self, u: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """u (N, E), weights/experts (N, k) -> (N, E): each token's weighted sum over its k experts."""
+        out = torch.zeros_like(u, dtype=torch.float32)  # the weighted sum is fp32 (§2.7 step 5)
+        # Loop over the experts actually chosen, each taking its tokens in one matmul.
+        for expert in experts.unique().tolist():
+            token, slot = torch.where(experts == expert)  # (n,), (n,)
+            gate, up = F.linear(u[token], self.gate_up_proj[expert]).split(self.width, dim=-1)  # (n, I) each
+            y = F.linear(gelu(gate) * up, self.down_proj[expert])  # (n, E)
+            out.index_add_(0, token, y.float() * weights[token, slot, None])
+        return out.to(u.dtype)
+
+
+# ---------------------------------------------------------------- decoder layer (§2.6)
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TextConfig, layer: int) -> None:
+        super().__init__()
+        e, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = Attention(config, layer)
+        self.mlp = MLP(e, config.mlp_width(layer))
+        self.input_layernorm = RMSNorm(e, eps)
+        self.post_attention_layernorm = RMSNorm(e, eps)
+        self.pre_feedforward_layernorm = RMSNorm(e, eps)
+        self.post_feedforward_layernorm = RMSNorm(e, eps)
+        self.layer_scalar = nn.Parameter(torch.empty(1))
+        if config.ple_dim:
+            self.per_layer_input_gate = nn.Linear(e, config.ple_dim, bias=False)
+            self.per_layer_projection = nn.Linear(config.ple_dim, e, bias=False)
+            self.post_per_layer_input_norm = RMSNorm(e, eps)
+        if config.enable_moe:
+            self.router = Router(config)
+            self.experts = Experts(config)
+            self.pre_feedforward_layernorm_2 = RMSNorm(e, eps)
+            self.post_feedforward_layernorm_1 = RMSNorm(e, eps)
+            self.post_feedforward_layernorm_2 = RMSNorm(e, eps)
+
+    def forward(
+        self, h: torch.Tensor, inp: LayerInputs, ple: torch.Tensor | None, cache: KVCache | None,
+        start: int, shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """h (B, T, E) -> (B, T, E); ple (B, T, P) or None."""
+        a, kv = self.self_attn(self.input_layernorm(h), inp, cache, start, shared_kv)
+        h = h + self.post_attention_layernorm(a)
+        m = self.mlp(self.pre_feedforward_layernorm(h))
+        if hasattr(self, "router"):  # MoE beside the dense MLP, both fed from the same residual h
+            flat = h.flatten(0, 1)  # (B*T, E)
+            weights, experts = self.router(flat)
+            moe = self.experts(self.pre_feedforward_layernorm_2(flat), weights, experts).view_as(h)
+            m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(moe)
+        h = h + self.post_feedforward_layernorm(m)
+        if ple is not None:
+            g = gelu(self.per_layer_input_gate(h)) * ple  # (B, T, P)
+            h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
+        return h * self.layer_scalar, kv  # the scalar scales the whole stream, residual included
+
+
+# ---------------------------------------------------------------- model
+
+class ModelOutput(NamedTuple):
+    logits: torch.Tensor  # (B, n, V) for the last n positions, softcapped
+    hidden: torch.Tensor  # (B, T, E) after the final norm: the drafter's "hidden" input
+    shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]]  # type -> K, V (B, K, S, D) of kv_source(type)
+
+
+class Gemma4Model(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.config = config
+        e = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, e)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(e, config.rms_norm_eps)
+        if config.ple_dim:
+            lp = config.num_layers * config.ple_dim
+            self.embed_tokens_per_layer = nn.Embedding(config.ple_vocab_size, lp)
+            self.per_layer_model_projection = nn.Linear(e, lp, bias=False)
+            self.per_layer_projection_norm = RMSNorm(config.ple_dim, config.rms_norm_eps)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp §4)."""
+        w = self.embed_tokens.weight
+        return F.embedding(ids, w) * embed_scale(self.config.hidden_size, w.dtype)
+
+    def per_layer_inputs(self, ids: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """§2.9: ids (B, T), scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
+        c = self.config
+        w = self.embed_tokens_per_layer.weight
+        tok = F.embedding(ids, w) * embed_scale(c.ple_dim, w.dtype)  # (B, T, L*P)
+        ctx = self.per_layer_model_projection(x0) * c.hidden_size**-0.5  # (B, T, L*P)
+        ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
+        return (ctx + tok.unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
+
+    def layer_inputs(self, start: int, end: int, dtype: torch.dtype, device: torch.device) -> dict[str, LayerInputs]:
+        """RoPE tables and masks for queries at start..end-1, once per layer type (not per layer)."""
+        c = self.config
+        q_pos = torch.arange(start, end, device=device)
+        out = {}
+        for kind in set(c.layer_types):
+            window = c.sliding_window if kind == SLIDING else None
+            # Keys that left every query's window are not even multiplied (sliding layers only).
+            key_start = max(0, start - window + 1) if window else 0
+            mask = attention_mask(q_pos, torch.arange(key_start, end, device=device), window)
+            head_dim = c.head_dims[c.layer_types.index(kind)]
+            cos, sin = rope_cos_sin(q_pos, rope_frequencies(c.rope[kind], head_dim, device), dtype)
+            out[kind] = LayerInputs(cos, sin, mask, key_start)
+        return out
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids (B, T) -> softcapped logits (B, T, V), no cache: the plain public call."""
+        return self.run(input_ids).logits
+
+    def run(
+        self, input_ids: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0,
+        num_logits: int | None = None,
+    ) -> ModelOutput:
+        """input_ids (B, T) at positions start_pos..start_pos+T-1.
+
+        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1;
+        the caller moves `cache.length` afterwards. Without one, the forward is self-contained and
+        starts at position 0. `num_logits` limits the head to the last n positions (prefill needs 1).
+        """
+        c = self.config
+        if cache is None and start_pos != 0:
+            raise ValueError("a forward without a cache starts at position 0")
+        b, t = input_ids.shape
+        x = self.embed(input_ids)  # (B, T, E)
+        ple = self.per_layer_inputs(input_ids, x) if c.ple_dim else None  # (B, T, L, P)
+        inputs = self.layer_inputs(start_pos, start_pos + t, x.dtype, x.device)
+        source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
+        h = x
+        for i, layer in enumerate(self.layers):
+            kind = c.layer_types[i]
+            shared = source_kv[kind] if c.is_shared(i) else None
+            h, kv = layer(h, inputs[kind], None if ple is None else ple[:, :, i], cache, start_pos, shared)
+            if not c.is_shared(i):
+                source_kv[kind] = kv  # after the loop: exactly kv_source(kind)'s K/V
+        hidden = self.norm(h)  # (B, T, E)
+        n = t if num_logits is None else num_logits
+        logits = F.linear(hidden[:, t - n:], self.embed_tokens.weight)  # tied head, unscaled; (B, n, V)
+        if c.final_logit_softcapping:
+            cap = c.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return ModelOutput(logits, hidden, source_kv)

@@ -1,0 +1,217 @@
+"""Loading the official safetensors checkpoints: one explicit name table and a streaming loader.
+
+Facts a reader must know (spec gemma4.md §3):
+- Official targets are multimodal files: text tensors start with `model.language_model.`, and the
+  vision/audio towers beside them are never read. A bare text file uses the prefix `model.`.
+- A checkpoint is one `model.safetensors` or shards listed in `model.safetensors.index.json`.
+- No `lm_head.weight` is stored: the head is tied to `embed_tokens`.
+- The model is built on the meta device and each tensor goes straight from its shard into the module
+  (`assign=True`), so peak memory stays near the size of the text weights.
+- Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
+"""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from gemma4.config import ConfigError, TextConfig, read_json, text_config_from_dict, text_fields
+from gemma4.model import Gemma4Model
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable, or does not match its config."""
+
+
+# ---------------------------------------------------------------- the name table
+
+def target_weight_table(c: TextConfig) -> dict[str, tuple[int, ...]]:
+    """Module key -> shape, for every tensor the text model owns (checkpoint name = prefix + key)."""
+    e, p, lp = c.hidden_size, c.ple_dim, c.num_layers * c.ple_dim
+    table: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (c.vocab_size, e), "norm.weight": (e,)}
+    if p:
+        table["embed_tokens_per_layer.weight"] = (c.ple_vocab_size, lp)
+        table["per_layer_model_projection.weight"] = (lp, e)
+        table["per_layer_projection_norm.weight"] = (p,)
+    for i in range(c.num_layers):
+        d, kv, width, pre = c.head_dims[i], c.kv_heads[i], c.mlp_width(i), f"layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            table[pre + norm + ".weight"] = (e,)
+        table[pre + "layer_scalar"] = (1,)
+        table[pre + "self_attn.q_proj.weight"] = (c.num_heads * d, e)
+        table[pre + "self_attn.q_norm.weight"] = (d,)
+        table[pre + "self_attn.o_proj.weight"] = (e, c.num_heads * d)
+        if not c.is_shared(i):
+            table[pre + "self_attn.k_proj.weight"] = (kv * d, e)
+            table[pre + "self_attn.k_norm.weight"] = (d,)
+            if c.has_v_proj(i):
+                table[pre + "self_attn.v_proj.weight"] = (kv * d, e)
+        table[pre + "mlp.gate_proj.weight"] = (width, e)
+        table[pre + "mlp.up_proj.weight"] = (width, e)
+        table[pre + "mlp.down_proj.weight"] = (e, width)
+        if p:
+            table[pre + "per_layer_input_gate.weight"] = (p, e)
+            table[pre + "per_layer_projection.weight"] = (e, p)
+            table[pre + "post_per_layer_input_norm.weight"] = (e,)
+        if c.enable_moe:
+            x, w = c.num_experts, c.moe_intermediate_size
+            table[pre + "router.proj.weight"] = (x, e)
+            table[pre + "router.scale"] = (e,)
+            table[pre + "router.per_expert_scale"] = (x,)
+            table[pre + "experts.gate_up_proj"] = (x, 2 * w, e)
+            table[pre + "experts.down_proj"] = (x, e, w)
+            for norm in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                         "post_feedforward_layernorm_2"):
+                table[pre + norm + ".weight"] = (e,)
+    return table
+
+
+def target_ignored(c: TextConfig) -> set[str]:
+    """Keys a file may carry that the model does not use: K/V weights of KV-shared layers."""
+    return {f"layers.{i}.self_attn.{n}.weight" for i in range(c.first_shared_layer, c.num_layers)
+            for n in ("k_proj", "v_proj", "k_norm", "v_norm")}
+
+
+# ---------------------------------------------------------------- finding the files
+
+def resolve_model_dir(path_or_id: str | Path) -> Path:
+    """A local directory as it is, or a Hub id downloaded (config, tokenizer, text shards only)."""
+    path = Path(path_or_id).expanduser()
+    if path.is_dir():
+        return path
+    text = str(path_or_id)
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise CheckpointError(f"{text} is not a directory with a checkpoint, nor a Hub id like 'google/gemma-4-E2B-it'")
+    return _download(text)
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    def fetch(name: str, required: bool = True) -> Path | None:
+        try:
+            return Path(hf_hub_download(repo_id, name))
+        except EntryNotFoundError:
+            if required:
+                raise CheckpointError(f"Hub repo {repo_id} has no {name}") from None
+            return None
+        except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as e:
+            if not required and not isinstance(e, LocalEntryNotFoundError):
+                return None
+            raise CheckpointError(
+                f"cannot fetch {repo_id}/{name} from the Hugging Face Hub ({type(e).__name__}): connect, "
+                f"log in if the repo is gated, or download it elsewhere and pass the local directory"
+            ) from None
+
+    config = fetch("config.json")
+    for name in SIDE_FILES[1:]:
+        fetch(name, required=False)
+    index = fetch(INDEX, required=False)
+    if index is None:
+        fetch(SINGLE)
+    else:  # only the shards that hold text tensors
+        weight_map = json.loads(index.read_text())["weight_map"]
+        _, prefix = text_fields(read_json(config))
+        for shard in sorted({f for n, f in weight_map.items() if n.startswith(prefix)}):
+            fetch(shard)
+    return config.parent
+
+
+def checkpoint_index(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file that holds it."""
+    if (model_dir / INDEX).is_file():
+        try:
+            weight_map = json.loads((model_dir / INDEX).read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{model_dir / INDEX} is not a valid shard index ({e})") from None
+        for shard in set(weight_map.values()):
+            if not (model_dir / shard).is_file():
+                raise CheckpointError(f"shard {shard} listed in {INDEX} is missing from {model_dir}")
+        return {name: model_dir / shard for name, shard in weight_map.items()}
+    if (model_dir / SINGLE).is_file():
+        return dict.fromkeys(_open(model_dir / SINGLE).keys(), model_dir / SINGLE)
+    pickles = [p.name for p in model_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+    if pickles:
+        raise CheckpointError(
+            f"{model_dir} has only pickled weights ({pickles[0]}); they are never unpickled here: "
+            f"convert them to model.safetensors"
+        )
+    raise CheckpointError(f"{model_dir} has no {SINGLE} or {INDEX}")
+
+
+def _open(file: Path):  # noqa: ANN202 (safetensors' handle type is private)
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{file} is truncated or not a safetensors file ({e}): download it again") from None
+
+
+# ---------------------------------------------------------------- streaming into a meta model
+
+def read_state_dict(
+    model_dir: Path, table: dict[str, tuple[int, ...]], prefix: str, ignored: set[str],
+    owned: Callable[[str], bool], dtype: torch.dtype, device: torch.device | str,
+) -> dict[str, torch.Tensor]:
+    """Every `prefix + key` of `table`, checked for shape and cast to dtype (floating tensors only).
+
+    `owned(name)` says which file tensors belong to this model: the others (vision, audio) are
+    never read. An owned tensor that is neither in the table nor ignored is an error.
+    """
+    index = checkpoint_index(model_dir)
+    missing = [prefix + k for k in table if prefix + k not in index]
+    if missing:
+        raise CheckpointError(f"tensor {missing[0]} is missing from {model_dir} ({len(missing)} missing in all)")
+    expected = {prefix + k for k in table} | {prefix + k for k in ignored}
+    unexpected = sorted(n for n in index if owned(n) and n not in expected)
+    if unexpected:
+        raise CheckpointError(f"unexpected tensor {unexpected[0]} in {model_dir}: the config does not call for it")
+    state: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[str]] = {}
+    for key in table:
+        by_file.setdefault(index[prefix + key], []).append(key)
+    for file, keys in by_file.items():
+        handle = _open(file)
+        for key in keys:
+            name = prefix + key
+            shape = tuple(handle.get_slice(name).get_shape())
+            if shape != table[key]:
+                raise CheckpointError(f"tensor {name} has shape {list(shape)}, the config implies {list(table[key])}")
+            try:
+                tensor = handle.get_tensor(name)
+            except (SafetensorError, OSError, ValueError) as e:
+                raise CheckpointError(f"{file} is truncated or corrupt at {name} ({e}): download it again") from None
+            state[key] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+    return state
+
+
+def load_target(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+) -> Gemma4Model:
+    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients."""
+    model_dir = resolve_model_dir(path)
+    if not (model_dir / "config.json").is_file():
+        raise CheckpointError(f"{model_dir} has no config.json")
+    fields, prefix = text_fields(read_json(model_dir / "config.json"))
+    config = text_config_from_dict(fields)
+    table = target_weight_table(config)
+
+    def owned(name: str) -> bool:
+        return name.startswith(prefix) and not name.startswith(("model.vision_tower.", "model.embed_vision.",
+                                                                "model.audio_tower.", "model.embed_audio."))
+
+    state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device)
+    with torch.device("meta"):
+        model = Gemma4Model(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)
+
+
+__all__ = ["CheckpointError", "ConfigError", "load_target", "read_state_dict", "resolve_model_dir"]
