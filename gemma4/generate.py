@@ -33,8 +33,8 @@ def greedy_generate(
     """New tokens, ending with the first stop id (kept) or after max_new_tokens."""
     check_prompt(model, prompt, max_new_tokens)
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
-    capacity = min(len(prompt) + max_new_tokens, model.config.max_position_embeddings)
-    cache = KVCache(model.config, capacity, dtype=dtype, device=device)
+    context = model.config.max_position_embeddings
+    cache = KVCache(model.config, min(len(prompt) + max_new_tokens, context), dtype=dtype, device=device)
     ids = torch.tensor([prompt], device=device)  # (1, T)
     out = model.run(ids, cache, start_pos=0, num_logits=1)  # prefill
     cache.length = len(prompt)
@@ -42,7 +42,7 @@ def greedy_generate(
     while True:
         token = int(out.logits[0, -1].argmax())
         new.append(token)
-        if token in stop_ids or len(new) == max_new_tokens or cache.length >= capacity:
+        if token in stop_ids or len(new) == max_new_tokens or len(prompt) + len(new) >= context:
             return new
         out = model.run(torch.tensor([[token]], device=device), cache, start_pos=cache.length)
         cache.length += 1

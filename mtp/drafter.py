@@ -1,0 +1,238 @@
+"""The Gemma 4 MTP drafter ("assistant"): its config, model, centroid head and loader.
+
+Spec: shared/spec/mtp.md (cited as §n). Facts a reader must know:
+- The drafter has no K/V of its own: each of its 4 layers (3 sliding, 1 full) attends to the K/V the
+  target already computed in its last non-shared layer of the same type (§3). It writes nothing.
+- Its input is concat(the *target's* scaled embedding of a token, a target-sized hidden state),
+  projected down to the drafter width; its output is logits and the next hidden, projected back up.
+- Every draft step of a round uses the same query position t and the same KV (positions 0..t-1).
+  That constant position is how the drafter was trained: do not "fix" it (§4).
+- The sliding layers see the newest W_d + 1 positions, one more than a target query would (§5).
+- `model.embed_tokens` is the drafter's output head, never an input embedding. E2B/E4B drafters use a
+  centroid head over it (§6): score 2048 clusters, keep the top 32, score only their 4096 tokens.
+
+Shape legend: B batch, E target hidden, D drafter hidden, V vocab, C centroids, k top centroids,
+S key positions.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gemma4.config import FULL, SLIDING, ConfigError, TextConfig, read_json, text_config_from_dict
+from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, attention_mask, rope_cos_sin, rope_frequencies
+from gemma4.weights import CheckpointError, read_state_dict, resolve_model_dir
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    text: TextConfig  # the drafter's own layers; all of them KV-shared
+    backbone_hidden_size: int  # the target's hidden size E
+    use_ordered_embeddings: bool  # centroid head (E2B/E4B) or dense head (26B/31B)
+    num_centroids: int
+    centroid_top_k: int
+
+
+def drafter_config_from_dict(raw: dict) -> DrafterConfig:
+    if raw.get("model_type") != "gemma4_assistant":
+        raise ConfigError(f"model_type={raw.get('model_type')!r} is not a Gemma 4 assistant ('gemma4_assistant')")
+    fields = dict(raw.get("text_config") or {})
+    if not fields.get("num_kv_shared_layers"):  # transformers fills it in: every drafter layer is Q-only
+        fields["num_kv_shared_layers"] = fields.get("num_hidden_layers")
+    if fields["num_kv_shared_layers"] != fields.get("num_hidden_layers"):
+        raise ConfigError("text_config.num_kv_shared_layers must equal num_hidden_layers: assistant layers own no K/V")
+    fields["hidden_size_per_layer_input"] = fields.get("hidden_size_per_layer_input") or 0
+    text = text_config_from_dict(fields)
+    if text.ple_dim or text.enable_moe or text.use_double_wide_mlp:
+        raise ConfigError("an assistant has no Per-Layer Embeddings, MoE or double-wide MLP")
+    if set(text.layer_types) != {SLIDING, FULL}:
+        raise ConfigError("an assistant needs sliding and full layers to read the target's two KV sources")
+    cfg = DrafterConfig(
+        text=text,
+        backbone_hidden_size=int(raw.get("backbone_hidden_size", 1536)),
+        use_ordered_embeddings=bool(raw.get("use_ordered_embeddings", False)),
+        num_centroids=int(raw.get("num_centroids", 2048)),
+        centroid_top_k=int(raw.get("centroid_intermediate_top_k", 32)),
+    )
+    if cfg.use_ordered_embeddings and (text.vocab_size % cfg.num_centroids or cfg.centroid_top_k > cfg.num_centroids):
+        raise ConfigError(f"num_centroids={cfg.num_centroids} must divide vocab_size={text.vocab_size}")
+    return cfg
+
+
+class CentroidHead(nn.Module):
+    """§6: score centroids, keep the top k, score only the tokens of those clusters."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.top_k = cfg.centroid_top_k
+        self.centroids = nn.Linear(cfg.text.hidden_size, cfg.num_centroids, bias=False)
+        self.register_buffer("token_ordering", torch.empty(cfg.text.vocab_size, dtype=torch.long))
+
+    def candidates(self, hn: torch.Tensor, head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hn (B, D), head (V, D) -> token ids (B, k*V/C) and their scores (B, k*V/C)."""
+        top = self.centroids(hn).topk(self.top_k, dim=-1).indices  # (B, k)
+        table = self.token_ordering.view(self.centroids.out_features, -1)  # (C, V/C): cluster -> its tokens
+        ids = table[top].flatten(1)  # (B, k*V/C)
+        scores = (head[ids] @ hn[:, :, None]).squeeze(-1)  # (B, k*V/C, D) @ (B, D, 1) -> (B, k*V/C)
+        return ids, scores
+
+    def greedy(self, hn: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """(B,) argmax without a length-V vector; exact ties go to the lowest id, as argmax over V would."""
+        ids, scores = self.candidates(hn, head)
+        best = scores == scores.max(dim=-1, keepdim=True).values  # (B, k*V/C)
+        return torch.where(best, ids, ids.new_full((), torch.iinfo(ids.dtype).max)).min(dim=-1).values
+
+    def logits(self, hn: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """(B, V): the candidates' scores, every other token at min(score) - 1 (as transformers)."""
+        ids, scores = self.candidates(hn, head)
+        out = torch.full((hn.shape[0], head.shape[0]), float(scores.min()) - 1.0, dtype=hn.dtype, device=hn.device)
+        return out.scatter_(1, ids, scores)
+
+
+class DrafterBody(nn.Module):
+    """Named `model` in the checkpoint: the layers, the final norm and the output head."""
+
+    def __init__(self, text: TextConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(text.vocab_size, text.hidden_size)  # the output head only
+        self.layers = nn.ModuleList(DecoderLayer(text, i) for i in range(text.num_layers))
+        self.norm = RMSNorm(text.hidden_size, text.rms_norm_eps)
+
+
+class Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        e, d = cfg.backbone_hidden_size, cfg.text.hidden_size
+        self.pre_projection = nn.Linear(2 * e, d, bias=False)
+        self.post_projection = nn.Linear(d, e, bias=False)
+        self.model = DrafterBody(cfg.text)
+        if cfg.use_ordered_embeddings:
+            self.masked_embedding = CentroidHead(cfg)
+
+    def layer_inputs(self, t: int, device: torch.device, dtype: torch.dtype) -> dict[str, LayerInputs]:
+        """RoPE at position t and masks over the target's keys 0..t-1, shared by every step of a round.
+
+        The mask helper is asked for a query at t-1 (the newest key) so that the sliding layers keep
+        exactly the newest W_d + 1 keys (§5): t-1-W_d .. t-1.
+        """
+        c = self.config.text
+        out = {}
+        for kind in (SLIDING, FULL):
+            window = c.sliding_window + 1 if kind == SLIDING else None
+            key_start = max(0, t - window) if window else 0
+            mask = attention_mask(torch.tensor([t - 1], device=device), torch.arange(key_start, t, device=device), window)
+            head_dim = c.head_dims[c.layer_types.index(kind)]
+            cos, sin = rope_cos_sin(torch.tensor([t], device=device), rope_frequencies(c.rope[kind], head_dim, device), dtype)
+            out[kind] = LayerInputs(cos, sin, mask, key_start)
+        return out
+
+    def step(
+        self, token_embedding: torch.Tensor, hidden: torch.Tensor, inputs: dict[str, LayerInputs],
+        shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step (§4). token_embedding, hidden (B, E) -> normed drafter state (B, D), next hidden (B, E)."""
+        u = self.pre_projection(torch.cat([token_embedding, hidden], dim=-1))[:, None]  # (B, 2E) -> (B, 1, D)
+        for i, layer in enumerate(self.model.layers):
+            kind = self.config.text.layer_types[i]
+            u, _ = layer(u, inputs[kind], None, None, 0, shared_kv[kind])
+        hn = self.model.norm(u[:, 0])  # (B, D)
+        return hn, self.post_projection(hn)
+
+    def logits(self, hn: torch.Tensor) -> torch.Tensor:
+        """(B, D) -> (B, V). No softcap on the drafter."""
+        head = self.model.embed_tokens.weight  # (V, D)
+        return self.masked_embedding.logits(hn, head) if hasattr(self, "masked_embedding") else F.linear(hn, head)
+
+    def greedy_token(self, hn: torch.Tensor) -> torch.Tensor:
+        """(B, D) -> (B,) the proposed token, without a full-vocabulary tensor on the centroid head."""
+        if hasattr(self, "masked_embedding"):
+            return self.masked_embedding.greedy(hn, self.model.embed_tokens.weight)
+        return F.linear(hn, self.model.embed_tokens.weight).argmax(dim=-1)
+
+    @torch.inference_mode()
+    def draft(
+        self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
+        shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int,
+    ) -> list[int]:
+        """k greedy drafts after `token` at position t, from the target's post-norm hidden (E,) at t-1
+        and the target's K/V of positions 0..t-1 (shared_kv: type -> (1, K, t, D))."""
+        inputs = self.layer_inputs(t, hidden.device, hidden.dtype)
+        h = hidden[None]  # (1, E)
+        drafts: list[int] = []
+        for _ in range(k):
+            ids = torch.tensor([token], device=hidden.device)
+            hn, h = self.step(target.embed(ids), h, inputs, shared_kv)  # (1, D), (1, E)
+            token = int(self.greedy_token(hn))
+            drafts.append(token)
+        return drafts
+
+
+def drafter_weight_table(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Checkpoint name -> shape (§2). The drafter file has no prefix beyond these names."""
+    c, e = cfg.text, cfg.backbone_hidden_size
+    d = c.hidden_size
+    table: dict[str, tuple[int, ...]] = {
+        "pre_projection.weight": (d, 2 * e),
+        "post_projection.weight": (e, d),
+        "model.embed_tokens.weight": (c.vocab_size, d),
+        "model.norm.weight": (d,),
+    }
+    for i in range(c.num_layers):
+        hd, pre = c.head_dims[i], f"model.layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            table[pre + norm + ".weight"] = (d,)
+        table[pre + "layer_scalar"] = (1,)
+        table[pre + "self_attn.q_proj.weight"] = (c.num_heads * hd, d)
+        table[pre + "self_attn.q_norm.weight"] = (hd,)
+        table[pre + "self_attn.o_proj.weight"] = (d, c.num_heads * hd)
+        table[pre + "mlp.gate_proj.weight"] = (c.intermediate_size, d)
+        table[pre + "mlp.up_proj.weight"] = (c.intermediate_size, d)
+        table[pre + "mlp.down_proj.weight"] = (d, c.intermediate_size)
+    if cfg.use_ordered_embeddings:
+        table["masked_embedding.centroids.weight"] = (cfg.num_centroids, d)
+        table["masked_embedding.token_ordering"] = (c.vocab_size,)
+    return table
+
+
+def drafter_ignored(cfg: DrafterConfig) -> set[str]:
+    """Tensors a file may carry that the drafter never uses: K/V weights and an untied head copy."""
+    kv = {f"model.layers.{i}.self_attn.{n}.weight" for i in range(cfg.text.num_layers)
+          for n in ("k_proj", "v_proj", "k_norm", "v_norm")}
+    return kv | {"lm_head.weight"}
+
+
+def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, drafter_name: str) -> None:
+    """The drafter must have been built for this target (§2 load-time checks)."""
+    def fail(why: str) -> None:
+        raise ConfigError(f"assistant {drafter_name} does not belong to target {target_name}: {why}")
+
+    if drafter.backbone_hidden_size != target.hidden_size:
+        fail(f"its backbone_hidden_size is {drafter.backbone_hidden_size}, the target's hidden size is {target.hidden_size}")
+    if drafter.text.vocab_size != target.vocab_size:
+        fail(f"its vocabulary has {drafter.text.vocab_size} tokens, the target's {target.vocab_size}")
+    if drafter.text.first_shared_layer != 0:
+        fail("not every assistant layer is KV-shared")
+    for i, kind in enumerate(drafter.text.layer_types):
+        src = target.kv_source(kind)
+        mine, theirs = (drafter.text.kv_heads[i], drafter.text.head_dims[i]), (target.kv_heads[src], target.head_dims[src])
+        if mine != theirs:
+            fail(f"its layer {i} expects (kv heads, head dim) {mine}, target layer {src} has {theirs}")
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Drafter:
+    """The assistant of a local directory or Hub id, in eval mode, without gradients."""
+    model_dir = resolve_model_dir(path)
+    if not (model_dir / "config.json").is_file():
+        raise CheckpointError(f"{model_dir} has no config.json")
+    cfg = drafter_config_from_dict(read_json(model_dir / "config.json"))
+    table = drafter_weight_table(cfg)
+    state = read_state_dict(model_dir, table, "", drafter_ignored(cfg), lambda name: True, dtype, device)
+    with torch.device("meta"):
+        drafter = Drafter(cfg)
+    drafter.load_state_dict(state, strict=True, assign=True)
+    return drafter.eval().requires_grad_(False)
