@@ -113,20 +113,22 @@ class Drafter(nn.Module):
         if cfg.use_ordered_embeddings:
             self.masked_embedding = CentroidHead(cfg)
 
-    def layer_inputs(self, t: int, device: torch.device, dtype: torch.dtype) -> dict[str, LayerInputs]:
-        """RoPE at position t and masks over the target's keys 0..t-1, shared by every step of a round.
+    def layer_inputs(self, positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> dict[str, LayerInputs]:
+        """RoPE at the query positions (T,) and masks over the target's keys 0..num_keys-1.
 
-        The mask helper is asked for a query at t-1 (the newest key) so that the sliding layers keep
-        exactly the newest W_d + 1 keys (§5): t-1-W_d .. t-1.
+        A query at position t sees keys 0..t-1 only. The mask helper is asked for a query at t-1
+        (the newest key it may see) so that the sliding layers keep exactly the newest W_d + 1
+        keys (§5): t-1-W_d .. t-1. At inference T = 1 and num_keys = t; a training step may put
+        many positions side by side (each needs t >= 1: position 0 has no keys to attend to).
         """
-        c = self.config.text
+        c, device = self.config.text, positions.device
         out = {}
         for kind in (SLIDING, FULL):
             window = c.sliding_window + 1 if kind == SLIDING else None
-            key_start = max(0, t - window) if window else 0
-            mask = attention_mask(torch.tensor([t - 1], device=device), torch.arange(key_start, t, device=device), window)
+            key_start = max(0, int(positions.min()) - window) if window else 0  # older keys are masked anyway
+            mask = attention_mask(positions - 1, torch.arange(key_start, num_keys, device=device), window)  # (T, S)
             head_dim = c.head_dims[c.layer_types.index(kind)]
-            cos, sin = rope_cos_sin(torch.tensor([t], device=device), rope_frequencies(c.rope[kind], head_dim, device), dtype)
+            cos, sin = rope_cos_sin(positions, rope_frequencies(c.rope[kind], head_dim, device), dtype)
             out[kind] = LayerInputs(cos, sin, mask, key_start)
         return out
 
@@ -134,12 +136,12 @@ class Drafter(nn.Module):
         self, token_embedding: torch.Tensor, hidden: torch.Tensor, inputs: dict[str, LayerInputs],
         shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One draft step (§4). token_embedding, hidden (B, E) -> normed drafter state (B, D), next hidden (B, E)."""
-        u = self.pre_projection(torch.cat([token_embedding, hidden], dim=-1))[:, None]  # (B, 2E) -> (B, 1, D)
+        """One draft step (§4). token_embedding, hidden (B, T, E) -> normed state (B, T, D), next hidden (B, T, E)."""
+        u = self.pre_projection(torch.cat([token_embedding, hidden], dim=-1))  # (B, T, 2E) -> (B, T, D)
         for i, layer in enumerate(self.model.layers):
             kind = self.config.text.layer_types[i]
             u, _ = layer(u, inputs[kind], None, None, 0, shared_kv[kind])
-        hn = self.model.norm(u[:, 0])  # (B, D)
+        hn = self.model.norm(u)  # (B, T, D)
         return hn, self.post_projection(hn)
 
     def logits(self, hn: torch.Tensor) -> torch.Tensor:
@@ -160,13 +162,13 @@ class Drafter(nn.Module):
     ) -> list[int]:
         """k greedy drafts after `token` at position t, from the target's post-norm hidden (E,) at t-1
         and the target's K/V of positions 0..t-1 (shared_kv: type -> (1, K, t, D))."""
-        inputs = self.layer_inputs(t, hidden.device, hidden.dtype)
-        h = hidden[None]  # (1, E)
+        inputs = self.layer_inputs(torch.tensor([t], device=hidden.device), t, hidden.dtype)
+        h = hidden[None, None]  # (1, 1, E)
         drafts: list[int] = []
         for _ in range(k):
-            ids = torch.tensor([token], device=hidden.device)
-            hn, h = self.step(target.embed(ids), h, inputs, shared_kv)  # (1, D), (1, E)
-            token = int(self.greedy_token(hn))
+            ids = torch.tensor([[token]], device=hidden.device)  # (1, 1)
+            hn, h = self.step(target.embed(ids), h, inputs, shared_kv)  # (1, 1, D), (1, 1, E)
+            token = int(self.greedy_token(hn[:, 0]))
             drafts.append(token)
         return drafts
 
