@@ -94,18 +94,18 @@ def resolve_model_dir(path_or_id: str | Path) -> Path:
 
 def _download(repo_id: str) -> Path:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     def fetch(name: str, required: bool = True) -> Path | None:
         try:
             return Path(hf_hub_download(repo_id, name))
-        except EntryNotFoundError:
-            if required:
-                raise CheckpointError(f"Hub repo {repo_id} has no {name}") from None
-            return None
-        except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as e:
-            if not required and not isinstance(e, LocalEntryNotFoundError):
+        except Exception as e:  # noqa: BLE001 (whatever the Hub client raises becomes one line)
+            if not required:
                 return None
+            if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
+                raise CheckpointError(f"Hub repo {repo_id} has no {name}") from None
+            if isinstance(e, RepositoryNotFoundError):
+                raise CheckpointError(f"Hub repo {repo_id} does not exist or is gated: check the id, log in") from None
             raise CheckpointError(
                 f"cannot fetch {repo_id}/{name} from the Hugging Face Hub ({type(e).__name__}): connect, "
                 f"log in if the repo is gated, or download it elsewhere and pass the local directory"

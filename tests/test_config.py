@@ -1,0 +1,110 @@
+"""config.json parsing: the released configurations resolve to the geometry of spec gemma4.md §1.3-§1.4 and
+§4, both serialisation forms agree, and inconsistent configs are rejected with the field named."""
+
+import json
+
+import pytest
+
+from gemma4.config import FULL, SLIDING, ConfigError, load_config, text_config_from_dict, text_fields
+
+ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+}
+
+
+def released(name: str) -> dict:
+    """The text_config of the four released targets, as spec §4 tabulates them (official form)."""
+    common = {"vocab_size": 262144, "head_dim": 256, "global_head_dim": 512, "rms_norm_eps": 1e-6,
+              "final_logit_softcapping": 30.0, "rope_parameters": ROPE, "model_type": "gemma4_text"}
+    shapes = {
+        "e2b": dict(hidden_size=1536, num_hidden_layers=35, period=5, num_attention_heads=8, num_key_value_heads=1,
+                    sliding_window=512, intermediate_size=6144, num_kv_shared_layers=20, use_double_wide_mlp=True,
+                    hidden_size_per_layer_input=256, vocab_size_per_layer_input=262144, attention_k_eq_v=False),
+        "e4b": dict(hidden_size=2560, num_hidden_layers=42, period=6, num_attention_heads=8, num_key_value_heads=2,
+                    sliding_window=512, intermediate_size=10240, num_kv_shared_layers=18,
+                    hidden_size_per_layer_input=256, vocab_size_per_layer_input=262144, attention_k_eq_v=False),
+        "26b": dict(hidden_size=2816, num_hidden_layers=30, period=6, num_attention_heads=16, num_key_value_heads=8,
+                    num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=1024,
+                    intermediate_size=2112, num_kv_shared_layers=0, hidden_size_per_layer_input=None,
+                    enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704),
+        "31b": dict(hidden_size=5376, num_hidden_layers=60, period=6, num_attention_heads=32, num_key_value_heads=16,
+                    num_global_key_value_heads=4, attention_k_eq_v=True, sliding_window=1024,
+                    intermediate_size=21504, num_kv_shared_layers=0, hidden_size_per_layer_input=0),
+    }
+    fields = dict(shapes[name])
+    period = fields.pop("period")
+    n = fields["num_hidden_layers"]
+    fields["layer_types"] = [FULL if (i + 1) % period == 0 else SLIDING for i in range(n)]
+    return {**common, **fields}
+
+
+@pytest.mark.parametrize("name, sources, first_shared", [
+    ("e2b", (13, 14), 15), ("e4b", (22, 23), 24), ("26b", (28, 29), 30), ("31b", (58, 59), 60),
+])
+def test_released_kv_sources(name: str, sources: tuple[int, int], first_shared: int) -> None:
+    c = text_config_from_dict(released(name))
+    assert (c.kv_source(SLIDING), c.kv_source(FULL)) == sources  # spec §1.4 table
+    assert c.first_shared_layer == first_shared
+
+
+def test_released_geometry() -> None:
+    e2b = text_config_from_dict(released("e2b"))
+    assert e2b.head_dims[4] == 512 and e2b.head_dims[0] == 256
+    assert set(e2b.kv_heads) == {1}  # K=V off: full layers keep num_key_value_heads
+    assert [e2b.mlp_width(i) for i in (14, 15, 34)] == [6144, 12288, 12288]  # double-wide on shared layers
+    big = text_config_from_dict(released("31b"))
+    assert (big.kv_heads[0], big.kv_heads[5]) == (16, 4)  # K=V: full layers take num_global_key_value_heads
+    assert not big.has_v_proj(5) and big.has_v_proj(0)
+    moe = text_config_from_dict(released("26b"))
+    assert (moe.ple_dim, moe.num_experts, moe.top_k_experts) == (0, 128, 8)
+    assert moe.rope[FULL].partial_rotary_factor == 0.25 and moe.rope[SLIDING].partial_rotary_factor == 1.0
+
+
+def test_per_layer_config_form_is_authoritative() -> None:
+    official = released("31b")
+    saved = {k: v for k, v in official.items() if k not in ("global_head_dim", "num_global_key_value_heads")}
+    saved["per_layer_config"] = {f"{i:02d}": {"head_dim": 512, "num_key_value_heads": 4}
+                                 for i, t in enumerate(official["layer_types"]) if t == FULL}
+    assert text_config_from_dict(saved) == text_config_from_dict(official)
+
+
+def test_last_layer_forced_full_and_default_pattern() -> None:
+    fields = released("31b")
+    del fields["layer_types"]
+    fields["num_hidden_layers"] = 8
+    c = text_config_from_dict(fields)
+    assert c.layer_types == (SLIDING,) * 5 + (FULL, SLIDING, FULL)  # i+1 divisible by 6, last forced
+
+
+def test_multimodal_and_bare_files(tmp_path) -> None:  # noqa: ANN001
+    text = released("e2b")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text}))
+    assert text_fields(json.loads((tmp_path / "config.json").read_text()))[1] == "model.language_model."
+    multimodal = load_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(text))
+    assert load_config(tmp_path) == multimodal
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"model_type": "llama"}, "model_type"),
+    ({"layer_types": [SLIDING, FULL]}, "layer_types"),
+    ({"num_key_value_heads": 3}, "num_attention_heads"),
+    ({"hidden_size": None}, "hidden_size"),
+    ({"num_kv_shared_layers": 99}, "num_kv_shared_layers"),
+    ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "rope_theta": 1.0}}}, "rope_type"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 8, "moe_intermediate_size": 8}, "enable_moe_block"),
+])
+def test_inconsistent_configs_name_the_field(tmp_path, change: dict, field: str) -> None:  # noqa: ANN001
+    text = {**released("e2b"), **change}
+    (tmp_path / "config.json").write_text(json.dumps(text if "model_type" in change else
+                                                     {"model_type": "gemma4", "text_config": text}))
+    with pytest.raises(ConfigError, match=field):
+        load_config(tmp_path)
+
+
+def test_unreadable_config(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(tmp_path)
