@@ -24,12 +24,18 @@ from gemma4.cache import KVCache
 from gemma4.config import FULL, SLIDING, RopeConfig, TextConfig
 
 
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the numerically sensitive steps: fp32 for bf16 and fp32 models (§6), float64 for the
+    float64 models some tests build to rule out rounding."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """§2.1: in fp32, times the weight directly (not 1 + w), cast back to the input dtype."""
-    xf = x.float()
+    xf = x.to(wide(x.dtype))
     out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
-        out = out * weight.float()
+        out = out * weight.to(xf.dtype)
     return out.type_as(x)
 
 
@@ -170,9 +176,9 @@ class Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.empty(config.num_experts))
 
     def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """r (N, E) -> weights (N, k) fp32 and expert ids (N, k)."""
+        """r (N, E) -> weights (N, k) in fp32 (at least) and expert ids (N, k)."""
         z = rms_norm(r, None, self.eps) * self.scale * self.root_size  # weightless norm, then scale
-        prob = torch.softmax(self.proj(z), dim=-1, dtype=torch.float32)  # (N, X)
+        prob = torch.softmax(self.proj(z), dim=-1, dtype=wide(r.dtype))  # (N, X), fp32 in a bf16 model
         weights, experts = torch.topk(prob, self.top_k, dim=-1)  # (N, k)
         weights = weights / weights.sum(dim=-1, keepdim=True)  # renormalise over the chosen k
         return weights * self.per_expert_scale[experts], experts
@@ -188,13 +194,13 @@ class Experts(nn.Module):
 
     def forward(self, u: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """u (N, E), weights/experts (N, k) -> (N, E): each token's weighted sum over its k experts."""
-        out = torch.zeros_like(u, dtype=torch.float32)  # the weighted sum is fp32 (§2.7 step 5)
+        out = torch.zeros_like(u, dtype=weights.dtype)  # the weighted sum is fp32 (§2.7 step 5)
         # Loop over the experts actually chosen, each taking its tokens in one matmul.
         for expert in experts.unique().tolist():
             token, slot = torch.where(experts == expert)  # (n,), (n,)
             gate, up = F.linear(u[token], self.gate_up_proj[expert]).split(self.width, dim=-1)  # (n, I) each
             y = F.linear(gelu(gate) * up, self.down_proj[expert])  # (n, E)
-            out.index_add_(0, token, y.float() * weights[token, slot, None])
+            out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
         return out.to(u.dtype)
 
 
