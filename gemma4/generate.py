@@ -4,6 +4,8 @@ Greedy is an explicit argmax (first index of the maximum on ties) of the softcap
 The loop owns the position: it passes `start_pos` to every forward and moves `cache.length`.
 """
 
+from collections.abc import Callable
+
 import torch
 
 from gemma4.cache import KVCache
@@ -29,8 +31,10 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
 @torch.inference_mode()
 def greedy_generate(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: list[int] | tuple[int, ...] = (),
+    on_token: Callable[[int], None] | None = None,
 ) -> list[int]:
-    """New tokens, ending with the first stop id (kept) or after max_new_tokens."""
+    """New tokens, ending with the first stop id (kept) or after max_new_tokens.
+    `on_token` sees each token as it is chosen (for streaming)."""
     check_prompt(model, prompt, max_new_tokens)
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     context = model.config.max_position_embeddings
@@ -42,6 +46,8 @@ def greedy_generate(
     while True:
         token = int(out.logits[0, -1].argmax())
         new.append(token)
+        if on_token:
+            on_token(token)
         if token in stop_ids or len(new) == max_new_tokens or len(prompt) + len(new) >= context:
             return new
         out = model.run(torch.tensor([[token]], device=device), cache, start_pos=cache.length)

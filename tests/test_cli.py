@@ -1,0 +1,299 @@
+"""`scripts/generate.py` end to end, on a tiny checkpoint pair the tests write.
+
+Most cases call the script's `cli(argv)` in this process (loading a tiny model takes milliseconds;
+starting a Python with torch takes seconds). Three run it as a real subprocess: the JSON contract
+(stdout must hold the object and nothing else), a Hub id with the Hub offline (huggingface_hub reads
+HF_HUB_OFFLINE when it is imported), and Ctrl-C (a real SIGINT).
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.checkpoints import STOP_IDS, write_assistant, write_target
+from tests.tokenizer_fixture import write_tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "generate.py"
+_spec = importlib.util.spec_from_file_location("generate_script", SCRIPT)
+generate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generate)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():  # tiny matmuls: a second thread only adds contention on a shared CI machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("pair")
+    target = write_target(root / "target", "e2b")
+    write_tokenizer(target)
+    assistant = write_assistant(root / "assistant", target, ordered_embeddings=True, echo=True)
+    return target, assistant
+
+
+def run_subprocess(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def run_inprocess(capsys: pytest.CaptureFixture, args: list[str], demo: Path | None = None) -> tuple[int, str, str]:
+    status = generate.cli(args) if demo is None else generate.cli(args, demo=demo)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def assert_one_line_failure(status: int, out: str, err: str, expected: str) -> None:
+    lines = err.strip().splitlines()
+    assert status == 2
+    assert "Traceback" not in err
+    assert [line for line in lines if line.startswith("error:")] == [lines[-1]], err  # one error line, the last
+    assert expected in lines[-1], lines[-1]
+    assert "error" not in out and "Traceback" not in out
+
+
+# ---------------------------------------------------------------- what a user sees when it works
+
+def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
+    target, assistant = pair
+    args = ["--target", str(target), "--assistant", str(assistant), "--prompt", "hi", "--max-new-tokens", "24",
+            "--num-assistant-tokens", "3", "--json", "--compare"]
+    proc = run_subprocess(args)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # the whole of stdout is one JSON object
+    assert set(result) == {"tokens", "text", "finish_reason", "stats", "plain", "identical", "speedup"}
+    tokens, stats = result["tokens"], result["stats"]
+    assert all(isinstance(t, int) for t in tokens) and 1 <= len(tokens) <= 24
+    assert isinstance(result["text"], str)
+    assert result["finish_reason"] == ("stop" if tokens[-1] in STOP_IDS else "length")
+    assert set(stats) == {"target_forwards", "drafted", "accepted", "acceptance_rate", "tokens_per_forward",
+                          "seconds", "tokens_per_second", "rounds"}
+    assert stats["drafted"] == sum(len(r["drafted"]) for r in stats["rounds"]) > 0
+    assert 0 <= stats["accepted"] <= stats["drafted"]
+    assert stats["acceptance_rate"] == pytest.approx(stats["accepted"] / stats["drafted"])
+    assert stats["target_forwards"] >= 1 + len(stats["rounds"])  # prefill + one verification per round
+    assert stats["tokens_per_forward"] == pytest.approx(len(tokens) / stats["target_forwards"])
+    assert stats["seconds"] > 0 and stats["tokens_per_second"] > 0
+    assert set(result["plain"]) == {"tokens", "seconds", "tokens_per_second"}
+    assert result["identical"] is True
+    assert result["plain"]["tokens"] == tokens
+    assert result["speedup"] > 0
+
+
+def test_no_assistant_is_plain_greedy(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    target, assistant = pair
+    common = ["--target", str(target), "--prompt", "hi", "--max-new-tokens", "20", "--json"]
+    status, out, _ = run_inprocess(capsys, [*common, "--no-assistant"])
+    plain = json.loads(out)
+    assert status == 0
+    assert plain["stats"]["rounds"] == [] and plain["stats"]["drafted"] == 0
+    assert plain["stats"]["target_forwards"] == len(plain["tokens"])
+    _, out, _ = run_inprocess(capsys, [*common, "--assistant", str(assistant)])
+    assert json.loads(out)["tokens"] == plain["tokens"]
+
+
+def test_stream_marks_drafts_and_matches_json(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    target, assistant = pair
+    common = ["--target", str(target), "--assistant", str(assistant), "--prompt", "hi", "--max-new-tokens", "40",
+              "--num-assistant-tokens", "3", "--ignore-eos"]
+    _, out, _ = run_inprocess(capsys, [*common, "--json"])
+    result = json.loads(out)
+    assert result["stats"]["accepted"] > 0  # this prompt gets drafts accepted: the marks below are exercised
+    status, out, err = run_inprocess(capsys, [*common, "--show-drafts"])
+    assert status == 0
+    streamed, _, stats_block = out.partition("\n\n-- speculative decoding")
+    unmark = str.maketrans("", "", "[]")  # not a terminal: accepted drafts are in brackets
+    assert streamed.translate(unmark) == result["text"].translate(unmark)
+    assert "acceptance rate" in stats_block and "tokens per forward" in stats_block and "tokens/s" in stats_block
+
+
+def test_stream_marks_and_byte_runs(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    tokenizer = generate.Gemma4Tokenizer(pair[0] / "tokenizer.json")
+    stream = generate.Stream(tokenizer, echo=True, mark=True, colour=False)
+    h, i, space, e2, e3, x82, xac, eos = (tokenizer.tokenizer.token_to_id(p) for p in
+                                          ("h", "i", "▁", "<0xE2>", "<0xE3>", "<0x82>", "<0xAC>", "<eos>"))
+    stream.commit([h, i, space], [True, True, False])  # two accepted drafts, then the target's token
+    assert capsys.readouterr().out == "[hi] "
+    stream.commit([e2, x82, eos], [True, True, False])  # an open run of byte tokens: nothing is final yet
+    assert capsys.readouterr().out == ""
+    stream.commit([xac, h], [False, False])  # E2 82 AC is the euro sign; the special <eos> is not text
+    assert capsys.readouterr().out == "€h"
+    stream.commit([e3, h], [False, False])  # a byte run that is not UTF-8 is final only once it closes
+    stream.finish()
+    assert capsys.readouterr().out == "\ufffdh\n"
+    assert stream.text() == "hi €h\ufffdh"
+    generate.Stream(tokenizer, echo=True, mark=True, colour=True).commit([h, i], [True, False])  # a terminal
+    assert capsys.readouterr().out == "\x1b[32mh\x1b[0mi"
+
+
+def test_no_arguments_runs_the_demo_pair(
+    pair: tuple[Path, Path], capsys: pytest.CaptureFixture, tmp_path: Path,
+) -> None:
+    target, assistant = pair
+    shutil.copytree(target, tmp_path / "target")
+    shutil.copytree(assistant, tmp_path / "assistant")
+    status, out, err = run_inprocess(capsys, [], demo=tmp_path)
+    assert status == 0, err
+    assert "proposed by the drafter" in err  # --show-drafts is on
+    assert "-- speculative decoding" in out and "identical tokens     yes" in out  # and --compare
+
+
+# ---------------------------------------------------------------- clear failures
+
+def _copy(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*skip))
+    return dst
+
+
+def _edit_tensors(model_dir: Path, edit) -> None:  # noqa: ANN001 (dict -> None)
+    tensors = load_file(model_dir / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+
+
+def _truncated(target: Path, tmp: Path) -> Path:
+    d = _copy(target, tmp / "t")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return d
+
+
+def _garbage(target: Path, tmp: Path) -> Path:
+    d = _copy(target, tmp / "t")
+    (d / "model.safetensors").write_bytes(b"\xff" * 64)
+    return d
+
+
+def _pickle_only(target: Path, tmp: Path) -> Path:
+    d = _copy(target, tmp / "t", skip=("*.safetensors",))
+    (d / "pytorch_model.bin").write_bytes(b"not unpickled")
+    return d
+
+
+def _missing_tensor(target: Path, tmp: Path) -> Path:
+    d = _copy(target, tmp / "t")
+    _edit_tensors(d, lambda t: t.pop("model.language_model.layers.1.mlp.up_proj.weight"))
+    return d
+
+
+def _misshaped_tensor(target: Path, tmp: Path) -> Path:
+    d = _copy(target, tmp / "t")
+    _edit_tensors(d, lambda t: t.update({"model.language_model.norm.weight": torch.ones(65)}))
+    return d
+
+
+TARGET_CASES = {  # name -> (make the target directory, what the error line says)
+    "path does not exist": (lambda target, tmp: tmp / "nope", "is not a directory with a checkpoint"),
+    "no config.json": (lambda target, tmp: _copy(target, tmp / "t", skip=("config.json",)), "has no config.json"),
+    "no safetensors": (lambda target, tmp: _copy(target, tmp / "t", skip=("*.safetensors",)),
+                       "has no model.safetensors or model.safetensors.index.json"),
+    "only pickled weights": (_pickle_only, "has only pickled weights (pytorch_model.bin)"),
+    "truncated safetensors": (_truncated, "is truncated"),
+    "corrupt safetensors": (_garbage, "is truncated or not a safetensors file"),
+    "tensor missing": (_missing_tensor, "tensor model.language_model.layers.1.mlp.up_proj.weight is missing"),
+    "tensor mis-shaped": (_misshaped_tensor, "tensor model.language_model.norm.weight has shape [65]"),
+}
+
+
+@pytest.mark.parametrize("case", TARGET_CASES)
+def test_bad_target_checkpoint(
+    case: str, pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture,
+) -> None:
+    make, expected = TARGET_CASES[case]
+    target = make(pair[0], tmp_path)
+    status, out, err = run_inprocess(capsys, ["--target", str(target), "--assistant", str(pair[1]), "--json"])
+    assert_one_line_failure(status, out, err, expected)
+    assert out == ""
+
+
+def test_assistant_of_another_target(pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    target, assistant = pair
+    other = _copy(assistant, tmp_path / "other")  # a self-consistent drafter for a target of hidden size 96
+    config = json.loads((other / "config.json").read_text())
+    config["backbone_hidden_size"] = 96
+    (other / "config.json").write_text(json.dumps(config))
+    d = config["text_config"]["hidden_size"]
+    _edit_tensors(other, lambda t: t.update({"pre_projection.weight": torch.zeros(d, 192),
+                                             "post_projection.weight": torch.zeros(96, d)}))
+    status, out, err = run_inprocess(capsys, ["--target", str(target), "--assistant", str(other)])
+    assert_one_line_failure(status, out, err, "does not belong to target")
+    assert "backbone_hidden_size is 96, the target's hidden size is 64" in err
+
+
+def test_default_assistant_not_found(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    status, out, err = run_inprocess(capsys, ["--target", str(pair[0])])
+    assert_one_line_failure(status, out, err, "pass --assistant, or --no-assistant")
+
+
+ARGUMENT_CASES = {  # name -> (arguments after --target/--assistant, what the error line says)
+    "prompt id outside the vocabulary": (["--prompt-ids", "2,105,512"],
+                                         "token id 512 is outside the vocabulary 0..511"),
+    "empty prompt ids": (["--prompt-ids", ""], "the prompt is empty"),
+    "empty prompt text": (["--prompt", "  "], "the prompt is empty"),
+    "prompt longer than the context": (["--prompt-ids", ",".join(["7"] * 1024)],
+                                       "the prompt has 1024 tokens; the model's context is 1024"),
+    "max-new-tokens below 1": (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
+    "num-assistant-tokens below 1": (["--num-assistant-tokens", "0"], "--num-assistant-tokens must be at least 1"),
+    "device that is not there": (["--device", "cuda:99"], "device 'cuda:99' is not available here"),
+    "device that does not exist": (["--device", "gpu"], "'gpu' is not a device name like cpu, cuda or cuda:1"),
+    "raw with ids": (["--prompt-ids", "2", "--raw"], "--raw applies to --prompt text"),
+    "ids that are not integers": (["--prompt-ids", "2,x"], "argument --prompt-ids: expected comma-separated integers"),
+    "unknown dtype": (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+}
+
+
+@pytest.mark.parametrize("case", ARGUMENT_CASES)
+def test_bad_arguments(case: str, pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    args, expected = ARGUMENT_CASES[case]
+    argv = ["--target", str(pair[0]), "--assistant", str(pair[1]), *args]
+    try:
+        status, out, err = run_inprocess(capsys, argv)
+    except SystemExit as e:  # argparse's own checks leave through Parser.error
+        status, (out, err) = e.code, capsys.readouterr()
+    assert_one_line_failure(status, out, err, expected)
+
+
+def test_prompt_text_without_tokenizer(pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    target = _copy(pair[0], tmp_path / "t", skip=("tokenizer.json",))
+    status, out, err = run_inprocess(capsys, ["--target", str(target), "--assistant", str(pair[1]), "--prompt", "hi"])
+    assert_one_line_failure(status, out, err, "has no tokenizer.json to encode --prompt")
+    # ids still work, and the text is null
+    status, out, _ = run_inprocess(capsys, ["--target", str(target), "--assistant", str(pair[1]), "--prompt-ids",
+                                            "2,105,7", "--max-new-tokens", "3", "--json"])
+    assert status == 0 and json.loads(out)["text"] is None
+
+
+def test_hub_id_offline(tmp_path: Path) -> None:
+    proc = run_subprocess(["--target", "google/gemma-4-no-such-model-it"],
+                          env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)})
+    assert_one_line_failure(proc.returncode, proc.stdout, proc.stderr, "cannot fetch google/gemma-4-no-such-model-it")
+
+
+def test_ctrl_c_prints_what_was_generated(pair: tuple[Path, Path]) -> None:
+    target, assistant = pair
+    args = ["--target", str(target), "--assistant", str(assistant), "--prompt-ids", "2,105,7",
+            "--max-new-tokens", "1000", "--ignore-eos"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    first = proc.stdout.read(1)  # generation has started: text is streaming
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err
+    assert len(first + out) > 1
+    assert err.strip().splitlines()[-1].startswith("interrupted after")

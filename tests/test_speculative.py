@@ -1,0 +1,242 @@
+"""The equivalence suite: speculative greedy == plain greedy, token for token, in float32.
+
+Over the three tiny shapes, K in {1, 2, 3, 4, 6, 8}, the three schedules, prompts shorter and longer
+than the sliding window (8), budgets that end inside a drafted block, a stop id inside an accepted
+block, and three drafters built from real drafter modules:
+- `random`: a seeded random drafter, almost never right;
+- `echo`:   a drafter biased to propose the token it was given (tests/checkpoints.py), against a
+            target whose layer branches are halved through their post-norm gains, so that its greedy
+            output wanders at first and then settles into repeats: partly right;
+- `always`: the echo drafter against an *echo target* (branches shrunk 100-fold, so its greedy
+            output repeats its last token): every draft is right.
+A cache-free reference loop written from the spec (mtp.md §7) must reproduce the loop's committed
+tokens and every round's drafts and acceptance counts exactly.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gemma4 import Gemma4Model, greedy_generate, load_target, reference_greedy
+from gemma4.tokenizer import Gemma4Tokenizer
+from mtp import SCHEDULES, Drafter, DraftLength, load_drafter, speculative_generate
+from tests.checkpoints import SHAPES, write_assistant, write_target
+
+KS = (1, 2, 3, 4, 6, 8)
+DRAFTERS = ("random", "echo", "always")
+PROMPTS = {"short": 5, "long": 21}  # the target's sliding window is 8, the drafter's 6
+ACCEPTANCE: dict[tuple[str, str], list[float]] = {}  # (shape, drafter) -> rates seen, printed at the end
+
+
+def prompt(kind: str, vocab: int = 512) -> list[int]:
+    g = torch.Generator().manual_seed(PROMPTS[kind])
+    return [2] + torch.randint(3, vocab, (PROMPTS[kind] - 1,), generator=g).tolist()
+
+
+def shrink_branches(path: Path, factor: float) -> None:
+    """Scale every branch's post-norm gain: the residual stream stays closer to the token's own
+    embedding, which the tied head matches best, so greedy decoding tends to repeat the last token."""
+    for file in path.glob("*.safetensors"):
+        tensors = load_file(file)
+        for name in tensors:
+            if name.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight",
+                              "post_per_layer_input_norm.weight")):
+                tensors[name] = tensors[name] * factor
+        save_file(tensors, file, metadata={"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Gemma4Model, Drafter]]:
+    """(shape, drafter kind) -> (target, drafter). E2B-like drafters use the centroid head, as E2B's."""
+    out = {}
+    for shape in SHAPES:
+        root = tmp_path_factory.mktemp(shape)
+        targets = {}
+        for name, factor in (("plain", 1.0), ("settling", 0.5), ("echo", 0.01)):
+            targets[name] = write_target(root / name, shape)
+            shrink_branches(targets[name], factor)
+        ordered = shape == "e2b"
+        random = write_assistant(root / "random_drafter", targets["plain"], ordered_embeddings=ordered, seed=1)
+        echo = load_drafter(write_assistant(root / "echo_drafter", targets["plain"], ordered_embeddings=ordered, echo=True, seed=2))
+        out[shape, "random"] = (load_target(targets["plain"]), load_drafter(random))
+        out[shape, "echo"] = (load_target(targets["settling"]), echo)
+        out[shape, "always"] = (load_target(targets["echo"]), echo)
+    return out
+
+
+def target_tokenizer(demo: Path) -> Gemma4Tokenizer:
+    return Gemma4Tokenizer(demo / "target" / "tokenizer.json")
+
+
+PLAIN: dict[tuple[int, str, int], list[int]] = {}
+
+
+def plain(target: Gemma4Model, kind: str, n: int) -> list[int]:
+    key = (id(target), kind, n)
+    if key not in PLAIN:
+        PLAIN[key] = greedy_generate(target, prompt(kind), n)
+    return PLAIN[key]
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("kind", PROMPTS)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_speculative_equals_plain_greedy(models, shape: str, k: int, schedule: str, kind: str, drafter: str) -> None:  # noqa: ANN001
+    target, draft_model = models[shape, drafter]
+    budget = 17 + k  # 17 + K: blocks rarely line up with the end, so the last round is cut by the budget
+    result = speculative_generate(target, draft_model, prompt(kind), budget, DraftLength(k, schedule))
+    assert result.tokens == plain(target, kind, budget)
+    assert result.finish_reason == "length"
+    ACCEPTANCE.setdefault((shape, drafter), []).append(result.stats.acceptance_rate)
+
+
+def test_drafters_cover_every_path(models) -> None:  # noqa: ANN001
+    """The three drafters really are never, partly and always right (else the suite proves less)."""
+    partial: list[int] = []  # the echo drafter's accepted counts, every shape
+    for shape in SHAPES:
+        rates = {}
+        for drafter in DRAFTERS:
+            target, draft_model = models[shape, drafter]
+            rates[drafter] = speculative_generate(target, draft_model, prompt("long"), 40, DraftLength(3)).stats
+        assert rates["random"].acceptance_rate < 0.2, shape
+        assert 0.2 < rates["echo"].acceptance_rate < 0.95, shape
+        assert rates["always"].acceptance_rate == 1.0, shape
+        partial += [r.accepted for r in rates["echo"].rounds]
+    assert 0 in partial and any(0 < a < 3 for a in partial) and 3 in partial  # none, some, all accepted
+
+
+def test_stop_id_inside_an_accepted_block() -> None:
+    """A stop id met inside an accepted block cuts the block right after it.
+
+    This needs a drafter whose accepted drafts are new tokens (an echo drafter only ever repeats a
+    token the target already committed), so it runs on the bundled trained demo pair."""
+    demo = Path(__file__).resolve().parent.parent / "scripts" / "demo"
+    target, draft_model = load_target(demo / "target"), load_drafter(demo / "assistant")
+    ids = [2] + target_tokenizer(demo).encode("def read_config(path):\n    ")
+    free = speculative_generate(target, draft_model, ids, 48, DraftLength(4))
+    # A token committed as an accepted draft, not last in its block, and seen there for the first time.
+    committed, position, stop = 1, None, None
+    for r in free.stats.rounds:
+        for i in range(min(r.accepted, 3)):
+            if r.drafted[i] not in free.tokens[: committed + i]:
+                position, stop = committed + i, r.drafted[i]
+                break
+        if stop is not None:
+            break
+        committed += r.accepted + 1
+    assert stop is not None, "no accepted draft introduced a new token"
+    expected = greedy_generate(target, ids, 48)[: position + 1]
+    assert expected[-1] == stop
+    result = speculative_generate(target, draft_model, ids, 48, DraftLength(4), stop_ids=[stop])
+    assert result.tokens == expected
+    assert result.finish_reason == "stop"
+    assert result.stats.emitted == len(expected)
+    assert result.stats.accepted < sum(r.accepted for r in result.stats.rounds)  # drafts after the stop
+    assert reference_greedy(target, ids, 48, stop_ids=[stop]) == expected
+
+
+def test_budget_of_one_and_two(models) -> None:  # noqa: ANN001
+    target, draft_model = models["e2b", "always"]
+    for n in (1, 2):
+        result = speculative_generate(target, draft_model, prompt("short"), n, DraftLength(8))
+        assert result.tokens == plain(target, "short", n)
+        assert result.stats.drafted == 0 and result.stats.target_forwards == n
+
+
+# ---------------------------------------------------------------- the cache-free reference loop
+
+
+@torch.inference_mode()
+def reference_loop(
+    target: Gemma4Model, drafter: Drafter, prompt_ids: list[int], max_new: int, length: DraftLength,
+) -> tuple[list[int], list[tuple[list[int], int]]]:
+    """mtp.md §7 with no cache at all: every round recomputes the target over the committed sequence,
+    hands the drafter the K/V of positions 0..t-1, and verifies by recomputing everything again."""
+    seq = list(prompt_ids)
+    seq.append(int(target(torch.tensor([seq]))[0, -1].argmax()))
+    rounds, k = [], length.initial
+    while len(seq) - len(prompt_ids) < max_new:
+        t = len(seq) - 1
+        k_eff = min(k, max_new - (len(seq) - len(prompt_ids)) - 1)
+        before = target.run(torch.tensor([seq[:t]]))  # positions 0..t-1, fresh
+        drafts = drafter.draft(target, seq[t], before.hidden[0, -1], t, before.shared_kv, k_eff) if k_eff else []
+        greedy = target(torch.tensor([seq + drafts]))[0, t:].argmax(-1).tolist()  # g_0..g_K
+        a = 0
+        while a < len(drafts) and drafts[a] == greedy[a]:
+            a += 1
+        seq += drafts[:a] + [greedy[a]]
+        if drafts:
+            rounds.append((drafts, a))
+            if length.schedule != "constant":
+                k = k + 2 if a == len(drafts) else max(1, k - 1)
+    return seq[len(prompt_ids):], rounds
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("k", (1, 3, 8))
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_reference_loop(models, shape: str, drafter: str, k: int, schedule: str) -> None:  # noqa: ANN001
+    target, draft_model = models[shape, drafter]
+    tokens, rounds = reference_loop(target, draft_model, prompt("long"), 30, DraftLength(k, schedule))
+    result = speculative_generate(target, draft_model, prompt("long"), 30, DraftLength(k, schedule))
+    assert result.tokens == tokens
+    assert [(r.drafted, r.accepted) for r in result.stats.rounds] == rounds
+
+
+def test_heuristic_schedule_persists_across_calls(models) -> None:  # noqa: ANN001
+    target, draft_model = models["dense", "always"]
+    for schedule, carried in (("heuristic", True), ("heuristic_transient", False)):
+        length = DraftLength(2, schedule)
+        first = speculative_generate(target, draft_model, prompt("short"), 30, length)
+        assert first.stats.rounds[0].accepted == 2 and len(first.stats.rounds[1].drafted) == 4  # +2 when all accepted
+        reached = length.current
+        second = speculative_generate(target, draft_model, prompt("short"), 30, length)
+        expected_first = min(reached, 30 - 2) if carried else 2
+        assert len(second.stats.rounds[0].drafted) == expected_first
+    length = DraftLength(5, "heuristic")
+    speculative_generate(*models["dense", "random"], prompt("short"), 30, length)
+    assert length.current == 1  # -1 per rejection, floor 1
+
+
+# ---------------------------------------------------------------- invariants and statistics
+
+
+def test_cache_length_and_statistics_add_up(models, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    for shape in SHAPES:
+        target, draft_model = models[shape, "echo"]
+        p = prompt("long")
+        seen: list[tuple[int, int]] = []  # (start_pos, committed tokens so far) at every verify forward
+        committed = [len(p)]
+        run = target.run
+
+        def spy(ids, cache=None, start_pos=0, num_logits=None):  # noqa: ANN001, ANN202
+            if start_pos:
+                seen.append((start_pos, cache.length, committed[0]))
+            return run(ids, cache, start_pos, num_logits)
+
+        monkeypatch.setattr(target, "run", spy)
+        result = speculative_generate(target, draft_model, p, 37, DraftLength(3),
+                                      on_commit=lambda block, _: committed.__setitem__(0, committed[0] + len(block)))
+        monkeypatch.undo()
+        # Every round starts with the cache holding exactly the committed tokens but the newest.
+        assert all(start == length == n - 1 for start, length, n in seen)
+        s = result.stats
+        assert s.emitted == len(result.tokens) == 37
+        assert s.target_forwards == 1 + len(seen)
+        assert s.drafted == sum(len(r.drafted) for r in s.rounds)
+        assert s.accepted == sum(r.accepted for r in s.rounds) == sum(s.accepted_at)
+        assert s.drafted_at[0] == len(s.rounds) and sum(s.drafted_at) == s.drafted
+        assert s.acceptance_rate == s.accepted / s.drafted
+        assert s.tokens_per_forward == s.emitted / s.target_forwards
+        assert s.per_position_acceptance == [a / d for a, d in zip(s.accepted_at, s.drafted_at)]
+
+
+def test_report_acceptance() -> None:
+    """Runs after the grid: prints each test drafter's acceptance rate (for the closing note)."""
+    assert ACCEPTANCE
+    print("\nmean acceptance over the grid:", {f"{s}/{d}": f"{sum(v) / len(v):.2f}" for (s, d), v in ACCEPTANCE.items()})

@@ -1,0 +1,283 @@
+"""`transformers` (TF 5.22.2) as the parity oracle: thin helpers that tests call on tiny checkpoints.
+
+Everything runs in float32, batch 1, eager attention, on CPU. Token ids go in and out as plain lists.
+
+What TF's MTP generator (`SinglePositionMultiTokenCandidateGenerator.get_candidates`) feeds the drafter
+in the FIRST drafting round, for a prompt of P tokens (positions 0..P-1). Checked by instrumenting TF
+(see `first_round_inputs` in the project's scratch check, and `tf_drafter_step` below, which reproduces
+TF's drafts exactly):
+  - TF's first loop iteration drafts nothing: the target prefills the prompt and commits
+    g0 = argmax(logits[P-1]) at position P. The next iteration is the first drafting round.
+  - token:    g0, i.e. input_ids[-1]; embedded with the TARGET's scaled table: E[g0] * sqrt(H)
+              (`target.get_input_embeddings()`, a Gemma4TextScaledWordEmbedding).
+  - hidden:   the prefill's `hidden_states[-1][:, -1]` = the target's POST-final-norm hidden at
+              position P-1 (TF ties hidden_states[-1] to last_hidden_state).
+  - input:    inputs_embeds = concat(E[g0] * sqrt(H), hidden) -> [1, 1, 2H], embedding first.
+  - position: position_ids = [[P]] (= len(input_ids) - 1), the same for every step of the round.
+  - KV:       prefill `shared_kv_states` = {"sliding_attention": (K, V), "full_attention": (K, V)}, each
+              [1, Hkv, P, d]: the K (post k_norm, post RoPE at its own position) and V (post v_norm) of the
+              target's source layers (last non-shared layer of each type), sliced to [:P+1] = all P
+              positions 0..P-1. The sliding tensor is NOT cut to the target's window: assisted decoding
+              records the past, so the prefill returns every prompt position.
+  - mask:     attention_mask = None (generate drops an all-ones mask); the drafter builds its own masks:
+              the full layer sees all P keys, sliding layers the newest W_d+1 keys (P-1-W_d..P-1).
+  - steps 2..K: token = argmax of the previous drafter logits (the masked vector when
+              use_ordered_embeddings), hidden = the previous step's output `last_hidden_state`, which is
+              post_projection(drafter final-normed hidden) -> [1, 1, H]; position and KV unchanged.
+Later rounds use the last verify forward's KV sliced to [:len(input_ids)] (mtp.md §9 quirk), so only the
+first round's drafts are comparable with a clean implementation.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import (
+    AutoConfig,
+    GenerationConfig,
+    Gemma4AssistantForCausalLM,
+    Gemma4ForCausalLM,
+    Gemma4ForConditionalGeneration,
+    PreTrainedModel,
+)
+
+
+def _ids(ids: list[int]) -> Tensor:
+    return torch.tensor([ids], dtype=torch.long)  # (1, T)
+
+
+def tf_target(path: str | Path) -> PreTrainedModel:
+    """The target as TF loads it: the multimodal class for model_type gemma4, else the bare text class."""
+    model_type = AutoConfig.from_pretrained(path).model_type
+    cls = Gemma4ForConditionalGeneration if model_type == "gemma4" else Gemma4ForCausalLM
+    # eager everywhere: plain matmuls with an fp32 softmax, and the per-expert loop for MoE (TF would
+    # otherwise pick sdpa and grouped_mm): the most literal reading of the formulas.
+    return cls.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    ).eval()
+
+
+def tf_assistant(path: str | Path) -> Gemma4AssistantForCausalLM:
+    return Gemma4AssistantForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@torch.no_grad()
+def tf_logits(model: PreTrainedModel, ids: list[int]) -> Tensor:
+    """Softcapped logits of a cache-free forward over `ids`: [T, V]."""
+    return model(input_ids=_ids(ids), use_cache=False).logits[0].float()
+
+
+@torch.no_grad()
+def tf_cached_step_logits(model: PreTrainedModel, ids: list[int], n_prompt: int) -> Tensor:
+    """Prefill ids[:n_prompt] in one forward, then feed ids[n_prompt:] one token per forward with TF's cache.
+
+    Returns [len(ids) - n_prompt + 1, V]: row 0 is the prefill's last row (position n_prompt-1), row i the
+    step that consumed ids[n_prompt-1+i]; comparable with tf_logits(model, ids)[n_prompt-1:].
+    """
+    out = model(input_ids=_ids(ids[:n_prompt]), use_cache=True)
+    rows, cache = [out.logits[0, -1]], out.past_key_values
+    for token in ids[n_prompt:]:
+        out = model(input_ids=_ids([token]), past_key_values=cache, use_cache=True)
+        rows.append(out.logits[0, -1])
+        cache = out.past_key_values
+    return torch.stack(rows).float()
+
+
+def _greedy_config(max_new_tokens: int, stop_ids: list[int] | None, **extra: int | str) -> GenerationConfig:
+    # A complete config: TF fills every None field from model.generation_config, whose eos list and
+    # do_sample=True would otherwise leak in (eos_token_id=None alone does NOT disable stopping).
+    return GenerationConfig(
+        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=0, bos_token_id=2,
+        **extra,
+    )
+
+
+@contextmanager
+def _generation_config(model: PreTrainedModel, config: GenerationConfig) -> Iterator[None]:
+    """Temporarily replace model.generation_config (the source of TF's defaults) with `config`."""
+    saved, model.generation_config = model.generation_config, config
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+@torch.no_grad()
+def tf_greedy(
+    model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int] | None = None
+) -> list[int]:
+    """New token ids from TF's cached greedy `generate`; with stop_ids None it never stops early."""
+    config = _greedy_config(max_new_tokens, stop_ids)
+    prompt = _ids(prompt_ids)
+    with _generation_config(model, config):
+        # attention_mask given explicitly: TF would otherwise mask every prompt token equal to pad (0).
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+    return out[0, len(prompt_ids):].tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# Assisted (MTP) generation
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DraftRound:
+    position: int  # t: position of the newest committed token when the round drafted (= drafter position)
+    drafted: list[int]
+    accepted: int  # leading drafts that ended up committed
+
+
+@dataclass
+class AssistedRun:
+    tokens: list[int]  # new tokens
+    rounds: list[DraftRound]  # one per drafting round; rounds[0].drafted is the first round's drafts
+
+
+@torch.no_grad()
+def tf_assisted_greedy(
+    target: PreTrainedModel,
+    assistant: Gemma4AssistantForCausalLM,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    num_assistant_tokens: int,
+    stop_ids: list[int] | None = None,
+) -> AssistedRun:
+    """TF assisted greedy generate with the MTP drafter, recording every round's drafts.
+
+    TF drafts a constant num_assistant_tokens per round (capped by the length budget). Only rounds[0]
+    uses the clean KV (mtp.md §9); later rounds show TF's quirk.
+    """
+    config = _greedy_config(max_new_tokens, stop_ids)
+    assistant_config = GenerationConfig(num_assistant_tokens=num_assistant_tokens)
+    prompt = _ids(prompt_ids)
+    drafts: list[tuple[int, list[int]]] = []
+
+    # Instance-level wrap (no class patching): TF builds the candidate generator inside generate, so wrap
+    # the factory and then the generator's get_candidates to see each round's candidates.
+    make_generator = target._get_candidate_generator
+
+    def recording_factory(*args: object, **kwargs: object):
+        generator = make_generator(*args, **kwargs)
+        get_candidates = generator.get_candidates
+
+        def recording_get_candidates(input_ids: Tensor, **kw: object) -> tuple[Tensor, Tensor | None]:
+            candidates, logits = get_candidates(input_ids, **kw)
+            drafted = candidates[0, input_ids.shape[1]:].tolist()
+            if drafted:
+                drafts.append((input_ids.shape[1] - 1, drafted))
+            return candidates, logits
+
+        generator.get_candidates = recording_get_candidates
+        return generator
+
+    target._get_candidate_generator = recording_factory
+    try:
+        with _generation_config(target, config), _generation_config(assistant, assistant_config):
+            out = target.generate(
+                prompt, attention_mask=torch.ones_like(prompt), assistant_model=assistant, generation_config=config
+            )
+    finally:
+        del target._get_candidate_generator  # back to the class method
+
+    sequence = out[0].tolist()
+    rounds = []
+    for position, drafted in drafts:
+        committed = sequence[position + 1 : position + 1 + len(drafted)]
+        accepted = 0
+        while accepted < len(committed) and committed[accepted] == drafted[accepted]:
+            accepted += 1
+        rounds.append(DraftRound(position, drafted, accepted))
+    return AssistedRun(sequence[len(prompt_ids):], rounds)
+
+
+# ---------------------------------------------------------------------------------------------
+# One drafter step, exactly as TF's generator runs it
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TargetOutputs:
+    logits: Tensor  # [T, V] softcapped
+    hidden: Tensor  # [T, H] post-final-norm hidden (TF's hidden_states[-1]), what the drafter consumes
+    kv: dict[str, tuple[Tensor, Tensor]]  # layer type -> (K, V) of the source layer, each [1, Hkv, T, d]
+
+
+@torch.no_grad()
+def tf_target_outputs(model: PreTrainedModel, ids: list[int]) -> TargetOutputs:
+    """A cache-free target forward over `ids`, with the hidden state and source-layer KV the drafter reads."""
+    out = model(input_ids=_ids(ids), use_cache=False, output_hidden_states=True, return_shared_kv_states=True)
+    kv = {kind: (k, v) for kind, (k, v) in out.shared_kv_states.items()}
+    return TargetOutputs(out.logits[0].float(), out.hidden_states[-1][0], kv)
+
+
+@dataclass
+class DrafterStep:
+    logits: Tensor  # [V] what TF's assistant returns: centroid-masked if use_ordered_embeddings, else dense
+    dense_logits: Tensor  # [V] normed @ model.embed_tokens.weight.T (= logits when not ordered)
+    normed: Tensor  # [D] drafter hidden after model.norm (input of both heads and of post_projection)
+    hidden: Tensor  # [H] post_projection(normed): the next step's hidden input
+    token: int  # argmax(logits), first index on ties, as TF
+
+
+@torch.no_grad()
+def tf_drafter_step(
+    assistant: Gemma4AssistantForCausalLM,
+    target: PreTrainedModel,
+    target_out: TargetOutputs,
+    token_id: int,
+    position: int,
+    hidden: Tensor | None = None,
+) -> DrafterStep:
+    """One assistant forward as TF's generator runs it, with the clean view of mtp.md §4-5.
+
+    The drafter sees the target KV of positions 0..position-1 (target_out must cover at least those) and
+    `hidden` (default: target_out.hidden[position-1], the step-1 input). Pass DrafterStep.hidden of the
+    previous step for steps 2..K; token_id and position are what the generator would pass.
+    """
+    kv = {kind: (k[:, :, :position], v[:, :, :position]) for kind, (k, v) in target_out.kv.items()}
+    h = target_out.hidden[position - 1] if hidden is None else hidden
+    embedding = target.get_input_embeddings()(_ids([token_id]))  # (1, 1, H), scaled by sqrt(H) in dtype
+    inputs_embeds = torch.cat([embedding, h.view(1, 1, -1).to(embedding.dtype)], dim=-1)  # (1, 1, 2H)
+
+    captured: list[Tensor] = []
+    hook = assistant.model.register_forward_hook(lambda _m, _a, out: captured.append(out.last_hidden_state))
+    try:
+        out = assistant(
+            inputs_embeds=inputs_embeds,
+            attention_mask=None,  # what the generator passes: generate drops the all-ones prompt mask
+            position_ids=torch.tensor([[position]]),
+            shared_kv_states=kv,
+            use_cache=False,
+        )
+    finally:
+        hook.remove()
+    normed = captured[0][0, 0]
+    logits = out.logits[0, 0].float()
+    return DrafterStep(
+        logits=logits,
+        dense_logits=(normed @ assistant.lm_head.weight.T).float(),
+        normed=normed,
+        hidden=out.last_hidden_state[0, 0],
+        token=int(logits.argmax()),
+    )
+
+
+def tf_draft(
+    assistant: Gemma4AssistantForCausalLM,
+    target: PreTrainedModel,
+    target_out: TargetOutputs,
+    token_id: int,
+    position: int,
+    num_tokens: int,
+) -> list[DrafterStep]:
+    """A whole drafting round (num_tokens steps) from (token_id, hidden at position-1, position)."""
+    steps: list[DrafterStep] = []
+    token, hidden = token_id, None
+    for _ in range(num_tokens):
+        step = tf_drafter_step(assistant, target, target_out, token, position, hidden)
+        steps.append(step)
+        token, hidden = step.token, step.hidden
+    return steps
