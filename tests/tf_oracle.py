@@ -1,11 +1,13 @@
 """`transformers` (TF 5.22.2) as the parity oracle: thin helpers that tests call on tiny checkpoints.
 
 Everything runs in float32, batch 1, eager attention, on CPU. Token ids go in and out as plain lists.
+Speed: on a small, busy machine torch's default thread pool made TF's decode steps ~50x slower (a 16-token
+assisted run: 32 s vs 0.4 s); tests should call torch.set_num_threads(1) (e.g. in conftest.py).
 
 What TF's MTP generator (`SinglePositionMultiTokenCandidateGenerator.get_candidates`) feeds the drafter
-in the FIRST drafting round, for a prompt of P tokens (positions 0..P-1). Checked by instrumenting TF
-(see `first_round_inputs` in the project's scratch check, and `tf_drafter_step` below, which reproduces
-TF's drafts exactly):
+in the FIRST drafting round, for a prompt of P tokens (positions 0..P-1). Checked with a forward
+pre-hook on the assistant inside TF's generate on all three shapes; `tf_drafter_step` below feeds the
+same and reproduces TF's first-round drafts exactly:
   - TF's first loop iteration drafts nothing: the target prefills the prompt and commits
     g0 = argmax(logits[P-1]) at position P. The next iteration is the first drafting round.
   - token:    g0, i.e. input_ids[-1]; embedded with the TARGET's scaled table: E[g0] * sqrt(H)
@@ -43,6 +45,7 @@ from transformers import (
     Gemma4ForConditionalGeneration,
     PreTrainedModel,
 )
+from transformers.generation.candidate_generator import CandidateGenerator
 
 
 def _ids(ids: list[int]) -> Tensor:
@@ -86,12 +89,11 @@ def tf_cached_step_logits(model: PreTrainedModel, ids: list[int], n_prompt: int)
     return torch.stack(rows).float()
 
 
-def _greedy_config(max_new_tokens: int, stop_ids: list[int] | None, **extra: int | str) -> GenerationConfig:
-    # A complete config: TF fills every None field from model.generation_config, whose eos list and
-    # do_sample=True would otherwise leak in (eos_token_id=None alone does NOT disable stopping).
+def _greedy_config(max_new_tokens: int, stop_ids: list[int] | None) -> GenerationConfig:
+    # TF fills every None field of the config passed to generate from model.generation_config, so
+    # eos_token_id=None alone would NOT disable stopping: callers also swap this in as the model's config.
     return GenerationConfig(
-        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=0, bos_token_id=2,
-        **extra,
+        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=0, bos_token_id=2
     )
 
 
@@ -159,7 +161,7 @@ def tf_assisted_greedy(
     # the factory and then the generator's get_candidates to see each round's candidates.
     make_generator = target._get_candidate_generator
 
-    def recording_factory(*args: object, **kwargs: object):
+    def recording_factory(*args: object, **kwargs: object) -> CandidateGenerator:
         generator = make_generator(*args, **kwargs)
         get_candidates = generator.get_candidates
 
@@ -209,8 +211,8 @@ class TargetOutputs:
 def tf_target_outputs(model: PreTrainedModel, ids: list[int]) -> TargetOutputs:
     """A cache-free target forward over `ids`, with the hidden state and source-layer KV the drafter reads."""
     out = model(input_ids=_ids(ids), use_cache=False, output_hidden_states=True, return_shared_kv_states=True)
-    kv = {kind: (k, v) for kind, (k, v) in out.shared_kv_states.items()}
-    return TargetOutputs(out.logits[0].float(), out.hidden_states[-1][0], kv)
+    # Cache-free, so the sliding source's KV covers every position too (the drafter applies its own window).
+    return TargetOutputs(out.logits[0].float(), out.hidden_states[-1][0], dict(out.shared_kv_states))
 
 
 @dataclass
