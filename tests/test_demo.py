@@ -28,7 +28,7 @@ PROMPTS = [
     '    def __repr__(self):\n        return "',
     "class Error(Exception):\n    \"\"\"",
 ]
-FIXED_PROMPT = "import os\nimport sys\n\n\ndef main():\n"
+FIXED_PROMPT = '    def __repr__(self):\n        return "'  # acceptance 0.94 at K=4 when the pair was made
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_demo_pair_is_a_gemma4_pair(pair):
 
 def test_demo_tokenizer_has_the_gemma4_special_tokens(pair):
     _, _, tok = pair
-    assert tok.encode("<bos><|turn>user\n") [:2] == [2, 105]
+    assert tok.encode("<bos><|turn>user\n")[:2] == [2, 105]
     assert tok.encode("<turn|><eos><pad>") == [106, 1, 0]
     text = "def f(x):\n    return x + 1\n"
     assert tok.decode(tok.encode(text)) == text
@@ -83,8 +83,8 @@ def test_training_scripts_run_on_a_tiny_model(tmp_path):
                 dtype=torch.float32, threads=1)
     train_target.main(tmp_path / "target", **tiny)
     train_drafter.main(tmp_path / "target", tmp_path / "assistant", corpus=None, steps=2, batch=2, prompt_len=16,
-                       generate=4, gen_batches=2, draft_steps=3, lr=1e-3, hidden=16, intermediate=32, heads=2, num_centroids=8,
-                       top_k=2, num_assistant_tokens=3, seed=0, max_files=4, dtype=torch.float32,
+                       generate=4, gen_batches=2, draft_steps=3, lr=1e-3, hidden=16, intermediate=32, heads=2,
+                       num_centroids=8, top_k=2, num_assistant_tokens=3, seed=0, max_files=4, dtype=torch.float32,
                        target_dtype=torch.float32, device="cpu", threads=1, eval_prompts=0)
     target = load_target(tmp_path / "target")
     drafter = load_drafter(tmp_path / "assistant")

@@ -1,0 +1,286 @@
+"""Train an MTP drafter ("assistant") for any Gemma 4 target checkpoint; the target stays frozen.
+
+    python scripts/train_drafter.py                     # the committed demo assistant (about 10 min)
+    python scripts/train_drafter.py --target DIR --out DIR --corpus TEXTS --hidden 256 --intermediate 2048 \\
+        --device cuda --target-dtype bfloat16           # a real Gemma 4 (or a fine-tune) on a GPU
+
+What the drafter learns (spec mtp.md §4): from (the target's scaled embedding of a token, a hidden state)
+and the target's shared K/V, the target's own greedy continuation. Training runs exactly the inference
+computation (`Drafter.step`), for every position of a sequence at once and unrolled over several draft
+steps, so the drafter trains on the inputs it will see:
+- data: corpus windows of `--prompt-len` tokens, continued by the target's own greedy decoding for
+  `--generate` tokens (the part a speculative run drafts), then one teacher-forced target forward over
+  the whole sequence: g[t] = argmax of its logits at t, its post-norm hidden h[t], its shared K/V;
+- step 1 at query position t: token seq[t], hidden h[t-1], keys 0..t-1; label g[t];
+- step j > 1 at the same position t and the same keys: token g[t+j-2] (what step j-1 should have
+  proposed), hidden = step j-1's output h'; label g[t+j-1].
+The label of step j is the target's continuation only if the target's greedy chain follows the sequence
+(seq[t+i] == g[t+i-1] for every i < j); other positions do not count. In the generated part the chain
+always holds; in the corpus part it holds where the target predicted the text.
+
+Heads. The dense head `model.embed_tokens` [V, D] starts from the target's embedding (its principal
+components, so a rotation of it when D equals the target's width) and is trained with a full softmax.
+The centroid head (`use_ordered_embeddings`, spec §6) is built from the target's embedding: the token
+ordering is a balanced clustering of the target's embedding rows (recursive bisection along principal
+directions: exactly V/C tokens per cluster), and the centroids are trained beside the drafter as a
+classifier of the cluster that holds the label, on the drafter's state with gradients stopped, so they
+never pull on the drafter itself.
+
+Shape legend: B batch, T sequence, E target width, D drafter width, V vocab, C clusters.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so that a checkout runs without `pip install -e .`
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from _training import (  # noqa: E402
+    adamw, corpus_files, cosine_lr, dtype_name, held_out_prompts, init_weights, parse_dtype, read_texts,
+    sample_windows, save_weights, token_stream, write_json,
+)
+from gemma4.cache import KVCache  # noqa: E402
+from gemma4.config import FULL, SLIDING, DEFAULT_ROPE, TextConfig, read_json, text_fields  # noqa: E402
+from gemma4.model import Gemma4Model  # noqa: E402
+from gemma4.weights import load_target  # noqa: E402
+from mtp.drafter import Drafter, drafter_config_from_dict  # noqa: E402
+from measure_pair import acceptance  # noqa: E402
+
+IGNORE = -100  # cross_entropy's ignore_index
+
+
+def drafter_config(target_dir: Path, target: TextConfig, hidden: int, intermediate: int, heads: int,
+                   num_centroids: int, top_k: int, dtype: torch.dtype) -> dict[str, Any]:
+    """config.json of a `Gemma4AssistantForCausalLM` whose layers fit the target's two KV sources (§3)."""
+    src_s, src_f = target.kv_source(SLIDING), target.kv_source(FULL)
+    kv_s, kv_f = target.kv_heads[src_s], target.kv_heads[src_f]
+    fields, _ = text_fields(read_json(target_dir / "config.json"))
+    text = {
+        "model_type": "gemma4_text",
+        "vocab_size": target.vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": 4,
+        "layer_types": [SLIDING, SLIDING, SLIDING, FULL],
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_s,
+        "head_dim": target.head_dims[src_s],
+        "global_head_dim": target.head_dims[src_f],
+        # A full kv-head count that differs from the sliding one is written as the 26B/31B assistants do.
+        "attention_k_eq_v": kv_f != kv_s,
+        "num_global_key_value_heads": kv_f if kv_f != kv_s else None,
+        "sliding_window": target.sliding_window,
+        "rope_parameters": fields.get("rope_parameters") or DEFAULT_ROPE,  # queries must rotate as the keys did
+        "num_kv_shared_layers": 4,  # every layer is Q-only: the K/V are the target's
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": 0,
+        "enable_moe_block": False,
+        "use_double_wide_mlp": False,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": None,
+        "max_position_embeddings": target.max_position_embeddings,
+        "rms_norm_eps": target.rms_norm_eps,
+        "tie_word_embeddings": True,
+        "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
+    }
+    return {
+        "architectures": ["Gemma4AssistantForCausalLM"],
+        "model_type": "gemma4_assistant",
+        "backbone_hidden_size": target.hidden_size,
+        "use_ordered_embeddings": True,
+        "num_centroids": num_centroids,
+        "centroid_intermediate_top_k": top_k,
+        "tie_word_embeddings": True,
+        "text_config": text,
+        "dtype": dtype_name(dtype),
+    }
+
+
+# ---------------------------------------------------------------- heads built from the target's embedding
+
+def head_from_target(embed: torch.Tensor, width: int) -> torch.Tensor:
+    """(V, E) -> (V, D): the target's embedding in its first D principal directions (zero-padded if D > E)."""
+    _, _, vh = torch.linalg.svd(embed.float(), full_matrices=False)  # vh (E, E): directions, by variance
+    head = embed.float() @ vh[:width].T  # (V, min(D, E))
+    return F.pad(head, (0, width - head.shape[1]))
+
+
+def balanced_clusters(embed: torch.Tensor, num_clusters: int) -> torch.Tensor:
+    """(V,) token ordering: row-major [C, V/C], each row one cluster of exactly V/C tokens.
+
+    Recursive bisection: sort every group along its principal direction and cut it in half, until there
+    are C groups. Tokens with similar output embeddings (similar contexts) end up in the same cluster.
+    """
+    v, e = embed.shape
+    if num_clusters & (num_clusters - 1) or v % num_clusters:
+        raise ValueError(f"num_centroids={num_clusters} must be a power of two that divides vocab_size={v}")
+    order, groups = torch.arange(v), 1
+    while groups < num_clusters:
+        points = embed.float()[order].view(groups, v // groups, e)  # (G, V/G, E)
+        points = points - points.mean(dim=1, keepdim=True)
+        _, _, vh = torch.linalg.svd(points, full_matrices=False)  # vh (G, E, E)
+        projection = (points @ vh[:, 0, :, None]).squeeze(-1)  # (G, V/G) along each group's first direction
+        order = order.view(groups, -1).gather(1, projection.argsort(dim=1, stable=True)).flatten()
+        groups *= 2  # the next view cuts every sorted group in two halves
+    return order
+
+
+def init_drafter(drafter: Drafter, target: Gemma4Model, seed: int) -> torch.Tensor:
+    """Draw the weights, build both heads from the target's embedding; return cluster id per token (V,)."""
+    init_weights(drafter, seed)
+    cfg = drafter.config
+    head = head_from_target(target.embed_tokens.weight, cfg.text.hidden_size)  # (V, D)
+    order = balanced_clusters(target.embed_tokens.weight, cfg.num_centroids)  # (V,)
+    with torch.no_grad():
+        drafter.model.embed_tokens.weight.copy_(head)
+        drafter.masked_embedding.token_ordering.copy_(order)
+        drafter.masked_embedding.centroids.weight.copy_(head[order].view(cfg.num_centroids, -1, head.shape[1]).mean(1))
+    cluster_of = torch.empty_like(order)
+    cluster_of[order] = torch.arange(len(order)) // (len(order) // cfg.num_centroids)
+    return cluster_of
+
+
+# ---------------------------------------------------------------- data and loss
+
+@torch.no_grad()
+def greedy_continuations(target: Gemma4Model, prompts: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, P) -> (B, P + n): each prompt continued by the target's greedy decoding, all in one batch."""
+    b, p = prompts.shape
+    w = target.embed_tokens.weight
+    cache = KVCache(target.config, p + n, batch=b, dtype=w.dtype, device=w.device)
+    out = target.run(prompts, cache, start_pos=0, num_logits=1)
+    cache.length = p
+    new = [out.logits[:, -1].argmax(dim=-1)]  # (B,)
+    for _ in range(n - 1):
+        out = target.run(new[-1][:, None], cache, start_pos=cache.length)
+        cache.length += 1
+        new.append(out.logits[:, -1].argmax(dim=-1))
+    return torch.cat([prompts, torch.stack(new, dim=1)], dim=1)  # (B, P+n)
+
+
+def unrolled_loss(drafter: Drafter, target: Gemma4Model, seq: torch.Tensor, steps: int,
+                  cluster_of: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """Mean over draft steps of the cross-entropy against the target's greedy continuation, plus the
+    centroid classifier's loss; and the dense head's top-1 accuracy per step."""
+    with torch.no_grad():
+        out = target.run(seq)  # teacher-forced over the whole sequence
+    b, t = seq.shape
+    greedy = out.logits.argmax(dim=-1)  # (B, T): g[u], the target's choice for position u+1
+    kv = {k: (key.float(), value.float()) for k, (key, value) in out.shared_kv.items()}  # (B, K, T, D) each
+    inputs = drafter.layer_inputs(torch.arange(1, t, device=seq.device), t, torch.float32)  # queries 1..T-1
+    labels = F.pad(greedy, (0, steps), value=IGNORE)  # (B, T+steps): g[t+j-1] for every query t and step j
+    follows = F.pad(seq[:, 1:] == greedy[:, :-1], (0, steps + 1), value=False)  # (B, T-1+steps+1)
+    valid = torch.ones(b, t - 1, dtype=torch.bool, device=seq.device)  # (B, T-1): the chain holds so far
+    token, hidden = seq[:, 1:], out.hidden[:, :-1].float()  # step 1: seq[t] and h[t-1]; (B, T-1), (B, T-1, E)
+    head = drafter.model.embed_tokens.weight  # (V, D)
+    centroids = drafter.masked_embedding.centroids
+    loss, accuracy = torch.zeros((), device=seq.device), []
+    for j in range(1, steps + 1):
+        hn, hidden = drafter.step(target.embed(token).float(), hidden, inputs, kv)  # (B, T-1, D), (B, T-1, E)
+        target_token = labels[:, j: j + t - 1]  # (B, T-1): g[t+j-1]
+        label = target_token.masked_fill(~valid, IGNORE)
+        count = max(1, int((label != IGNORE).sum()))
+        logits = F.linear(hn, head)  # (B, T-1, V), full softmax for training
+        loss = loss + F.cross_entropy(logits.flatten(0, 1), label.flatten(), ignore_index=IGNORE,
+                                      reduction="sum") / count
+        cluster = torch.where(label == IGNORE, IGNORE, cluster_of[label.clamp(min=0)])  # (B, T-1)
+        loss = loss + F.cross_entropy(centroids(hn.detach()).flatten(0, 1), cluster.flatten(), ignore_index=IGNORE,
+                                      reduction="sum") / count
+        accuracy.append(float(((logits.argmax(-1) == label) & (label != IGNORE)).sum()) / count)
+        token = target_token.clamp(min=0)  # step j+1 reads what step j should have proposed
+        valid = valid & follows[:, j: j + t - 1]  # ... and counts only if the target's chain goes on
+    return loss / steps, accuracy
+
+
+def main(target_dir: Path, out: Path, corpus: Path | None, steps: int, batch: int, prompt_len: int,
+         generate: int, gen_batches: int, draft_steps: int, lr: float, hidden: int, intermediate: int, heads: int,
+         num_centroids: int, top_k: int, num_assistant_tokens: int, seed: int, max_files: int | None,
+         dtype: torch.dtype, target_dtype: torch.dtype, device: str, threads: int, eval_prompts: int) -> None:
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    start = time.time()
+    target = load_target(target_dir, dtype=target_dtype, device=device)  # frozen: eval mode, no gradients
+    tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    suffixes = (".py",) if corpus is None else (".py", ".txt", ".md", ".rst")
+    train_files, held_files = corpus_files(corpus, suffixes)
+    stream = token_stream(tokenizer, read_texts(train_files[:max_files])).to(device)  # (N,)
+    print(f"corpus: {len(stream):,} tokens; target {target_dir}", flush=True)
+
+    raw = drafter_config(target_dir, target.config, hidden, intermediate, heads, num_centroids, top_k, dtype)
+    drafter = Drafter(drafter_config_from_dict(raw)).to(device)
+    cluster_of = init_drafter(drafter, target, seed).to(device)
+    print(f"drafter: {sum(p.numel() for p in drafter.parameters()):,} parameters", flush=True)
+    opt = adamw(drafter, lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        if step % gen_batches == 0:  # one decode loop makes the data of the next `gen_batches` steps
+            prompts = sample_windows(stream.cpu(), batch * gen_batches, prompt_len, gen).to(device)  # (R*B, P)
+            sequences = greedy_continuations(target, prompts, generate) if generate else prompts  # (R*B, P+G)
+        seq = sequences[(step % gen_batches) * batch:][:batch]  # (B, P+G)
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, steps, lr, warmup=max(1, steps // 20))
+        loss, accuracy = unrolled_loss(drafter, target, seq, draft_steps, cluster_of)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 10 == 0 or step == steps - 1:
+            acc = " ".join(f"{a:.2f}" for a in accuracy)
+            print(f"step {step:5d}  loss {loss.item():.3f}  top-1 per draft step {acc}  {time.time() - start:6.0f}s",
+                  flush=True)
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", raw)
+    write_json(out / "generation_config.json", {
+        "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+        "num_assistant_tokens": num_assistant_tokens, "num_assistant_tokens_schedule": "constant",
+    })
+    save_weights(drafter.state_dict(), out / "model.safetensors", dtype)
+    print(f"wrote {out} in {time.time() - start:.0f}s", flush=True)
+    if eval_prompts:
+        held = token_stream(tokenizer, read_texts(held_files[:max_files]))
+        prompts = held_out_prompts(held, eval_prompts, 48)
+        for head, rate, per_forward in acceptance(target_dir, out, prompts, num_assistant_tokens, 64, device):
+            print(f"held-out acceptance at K={num_assistant_tokens}, {head} head: {rate:.3f} "
+                  f"({per_forward:.2f} tokens per target forward)")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    demo = Path(__file__).parent / "demo"
+    p.add_argument("--target", type=Path, default=demo / "target", help="target checkpoint directory")
+    p.add_argument("--out", type=Path, default=demo / "assistant")
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="directory of .py/.txt/.md/.rst files (default: this Python's standard library)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=64, help="corpus tokens per sequence")
+    p.add_argument("--generate", type=int, default=32, help="target greedy tokens appended to each sequence")
+    p.add_argument("--gen-batches", type=int, default=4,
+                   help="generate the sequences of this many steps in one batch (a CPU decode step costs "
+                        "about the same for 16 or 64 sequences)")
+    p.add_argument("--draft-steps", type=int, default=4, help="draft steps unrolled in training")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--hidden", type=int, default=64, help="drafter width D")
+    p.add_argument("--intermediate", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--num-centroids", type=int, default=64)
+    p.add_argument("--top-k", type=int, default=8, help="centroid_intermediate_top_k")
+    p.add_argument("--num-assistant-tokens", type=int, default=4, help="K written to generation_config.json")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-files", type=int, default=None, help="use only the first N files (smoke tests)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of the saved weights")
+    p.add_argument("--target-dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="1 is fastest while anything else runs")
+    p.add_argument("--eval-prompts", type=int, default=10, help="held-out prompts for the final acceptance (0: skip)")
+    a = p.parse_args()
+    main(a.target, a.out, a.corpus, a.steps, a.batch, a.prompt_len, a.generate, a.gen_batches, a.draft_steps, a.lr,
+         a.hidden, a.intermediate, a.heads, a.num_centroids, a.top_k, a.num_assistant_tokens, a.seed, a.max_files,
+         parse_dtype(a.dtype), parse_dtype(a.target_dtype), a.device, a.threads, a.eval_prompts)
