@@ -14,6 +14,7 @@ Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads,
 E hidden size, V vocab, L layers, P PLE width, X experts, I expert width, k experts per token.
 """
 
+from functools import cache
 from typing import NamedTuple
 
 import torch
@@ -27,16 +28,58 @@ from gemma4.config import FULL, SLIDING, RopeConfig, TextConfig
 def wide(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the numerically sensitive steps: fp32 for bf16 and fp32 models (§6), float64 for the
     float64 models some tests build to rule out rounding."""
-    return torch.promote_types(dtype, torch.float32)
+    return torch.float64 if dtype == torch.float64 else torch.float32  # a plain branch: no dispatcher call
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """§2.1: in fp32, times the weight directly (not 1 + w), cast back to the input dtype."""
-    xf = x.to(wide(x.dtype))
-    out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    """§2.1: in fp32, times the weight directly (not 1 + w), cast back to the input dtype.
+
+    F.rms_norm computes x * (mean(x²) + eps)^-1/2 * w bit for bit as written here, in one call
+    instead of six, but it rounds to x's dtype *before* the weight: so a bf16 x is upcast first.
+    """
+    dtype = wide(x.dtype)
+    if x.dtype == dtype and (weight is None or weight.dtype == dtype):  # fp32 model: nothing to cast
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    out = F.rms_norm(x.to(dtype), (x.shape[-1],), None, eps)
     if weight is not None:
-        out = out * weight.to(xf.dtype)
-    return out.type_as(x)
+        out = out * weight.to(dtype)  # in fp32, then one rounding to x's dtype
+    return out.to(x.dtype)
+
+
+# oneDNN's matmul for large float32 weights in CPU inference, see `linear`. `_linear_pointwise` is the op
+# torch.compile's CPU backend emits for a linear layer; a build without it simply uses F.linear.
+ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+ONEDNN_MIN_WEIGHT = 1 << 20  # elements (4 MiB in fp32): below this its per-call overhead outweighs the gain
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (..., in) @ weight (out, in).T -> (..., out): a decode step multiplies 1 row, a verify K+1.
+
+    Large float32 weights in CPU inference go to oneDNN, not F.linear's MKL GEMM: on the AMD EPYC of
+    scripts/benchmark.py MKL streams a weight at ~15 GB/s for 1 row and is 2-3x slower for 2-9 rows,
+    oneDNN streams ~25 GB/s and is ~1.4x slower for 5 rows. Same fp32 sums in another order (~1e-6
+    relative). Autograd (training), other dtypes and devices, and small weights use F.linear.
+    """
+    if (weight.numel() >= ONEDNN_MIN_WEIGHT and ONEDNN and weight.dtype == x.dtype == torch.float32
+            and x.device.type == "cpu" and not torch.is_grad_enabled()):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    return F.linear(x, weight)
+
+
+# The two leaf modules below are called ~400 times per decoded token. nn.Module.__call__ (hook dispatch)
+# costs ≈ 2 µs a call, ≈ 10% of a decode step of a small model, so they are called directly: hooks on
+# them would not run (nothing here registers any); hooks on layers and larger modules run as usual.
+
+class Linear(nn.Linear):
+    """All of Gemma 4's projections: no bias (`attention_bias` is false in every release)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight)
+
+    __call__ = forward  # no hook dispatch, see above
 
 
 class RMSNorm(nn.Module):
@@ -48,11 +91,14 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
+    __call__ = forward  # no hook dispatch, see above
+
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")  # `gelu_pytorch_tanh` in config.json
 
 
+@cache
 def embed_scale(dim: int, dtype: torch.dtype) -> float:
     """sqrt(dim) rounded to the weight dtype first (§2.2): 39.25, not 39.19, for E2B in bf16."""
     return float(torch.tensor(dim**0.5, dtype=dtype))
@@ -70,16 +116,21 @@ def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> t
 
 
 def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and *signed* sin (T, 1, D), ready to broadcast over heads; see apply_rope for the sign."""
     angles = positions.float()[:, None] * freqs[None, :]  # (T, D/2), fp32
-    angles = torch.cat([angles, angles], dim=-1)  # (T, D): dims i and i + D/2 share an angle
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    cos = torch.cat([cos, cos], dim=-1)  # (T, D): dims i and i + D/2 share an angle
+    sin = torch.cat([-sin, sin], dim=-1)  # (T, D): the minus of rot(x)'s first half, moved onto sin
+    return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)  # (T, 1, D)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, T, H, D); rotate-half layout: pair i is (i, i + D/2), not interleaved."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # (B, T, H, D)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]  # cos (T, D) -> (T, 1, D)
+    """x (B, T, H, D); rotate-half layout: pair i is (i, i + D/2), not interleaved.
+
+    x·cos + rot(x)·sin with rot(x) = (-x2, x1). The swap is one `roll` and the sign sits in `sin`
+    (rope_cos_sin): (-x2)·s == x2·(-s) exactly, so this is the textbook formula with two fewer ops.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, H, D) * (T, 1, D)
 
 
 # ---------------------------------------------------------------- masks (§2.8)
@@ -97,13 +148,21 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None)
 
 class LayerInputs(NamedTuple):
     """What every layer of one type needs for one forward, computed once per type."""
-    cos: torch.Tensor  # (T, D)
-    sin: torch.Tensor  # (T, D)
-    mask: torch.Tensor  # (T, S') over key positions key_start..end-1
+    cos: torch.Tensor  # (T, 1, D)
+    sin: torch.Tensor  # (T, 1, D), signed: see apply_rope
+    mask: torch.Tensor | None  # (T, S') additive (0 visible, -inf hidden) over keys key_start..end-1
     key_start: int  # sliding layers skip keys that left the window
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """(T, S) bool -> (T, S) 0 / -inf, built once per forward (SDPA would convert a bool mask in every
+    layer); None when every key is visible, as in a one-token decode step once key_start cut the window."""
+    if bool(visible.all()):
+        return None  # adding zeros changes nothing: SDPA without a mask gives the same numbers, faster
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q (B, T, H, D), k/v (B, K, S, D), mask (T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0, enable_gqa=True
@@ -119,16 +178,17 @@ class Attention(nn.Module):
         self.layer = layer
         self.head_dim = d = config.head_dims[layer]
         self.shared = config.is_shared(layer)
+        self.has_v_proj = not self.shared and config.has_v_proj(layer)  # K=V layers have none (§2.4)
         kv_heads, e = config.kv_heads[layer], config.hidden_size
         self.eps = config.rms_norm_eps
-        self.q_proj = nn.Linear(e, config.num_heads * d, bias=False)
+        self.q_proj = Linear(e, config.num_heads * d)
         self.q_norm = RMSNorm(d, self.eps)
-        self.o_proj = nn.Linear(config.num_heads * d, e, bias=False)
+        self.o_proj = Linear(config.num_heads * d, e)
         if not self.shared:  # shared layers hold no k/v weights at all
-            self.k_proj = nn.Linear(e, kv_heads * d, bias=False)
+            self.k_proj = Linear(e, kv_heads * d)
             self.k_norm = RMSNorm(d, self.eps)
-            if config.has_v_proj(layer):
-                self.v_proj = nn.Linear(e, kv_heads * d, bias=False)
+            if self.has_v_proj:
+                self.v_proj = Linear(e, kv_heads * d)
 
     def forward(
         self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, start: int,
@@ -143,7 +203,7 @@ class Attention(nn.Module):
         else:
             k_raw = self.k_proj(x).view(b, t, -1, self.head_dim)  # (B, T, K, D)
             # K=V layers: V is the *raw* key projection, taken before k_norm (§2.4).
-            v_raw = self.v_proj(x).view(b, t, -1, self.head_dim) if hasattr(self, "v_proj") else k_raw
+            v_raw = self.v_proj(x).view(b, t, -1, self.head_dim) if self.has_v_proj else k_raw
             k = apply_rope(self.k_norm(k_raw), inp.cos, inp.sin).transpose(1, 2)  # (B, K, T, D)
             v = rms_norm(v_raw, None, self.eps).transpose(1, 2)  # weightless v_norm, no RoPE; (B, K, T, D)
             if cache is not None:
@@ -158,9 +218,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, width, bias=False)
-        self.up_proj = nn.Linear(hidden, width, bias=False)
-        self.down_proj = nn.Linear(width, hidden, bias=False)
+        self.gate_proj = Linear(hidden, width)
+        self.up_proj = Linear(hidden, width)
+        self.down_proj = Linear(width, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
@@ -171,7 +231,7 @@ class Router(nn.Module):
         super().__init__()
         self.eps, self.top_k = config.rms_norm_eps, config.top_k_experts
         self.root_size = config.hidden_size**-0.5  # a plain float multiplier (§6)
-        self.proj = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.proj = Linear(config.hidden_size, config.num_experts)
         self.scale = nn.Parameter(torch.empty(config.hidden_size))
         self.per_expert_scale = nn.Parameter(torch.empty(config.num_experts))
 
@@ -217,9 +277,10 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(e, eps)
         self.post_feedforward_layernorm = RMSNorm(e, eps)
         self.layer_scalar = nn.Parameter(torch.empty(1))
+        self.kind, self.shared, self.moe = config.layer_types[layer], config.is_shared(layer), config.enable_moe
         if config.ple_dim:
-            self.per_layer_input_gate = nn.Linear(e, config.ple_dim, bias=False)
-            self.per_layer_projection = nn.Linear(config.ple_dim, e, bias=False)
+            self.per_layer_input_gate = Linear(e, config.ple_dim)
+            self.per_layer_projection = Linear(config.ple_dim, e)
             self.post_per_layer_input_norm = RMSNorm(e, eps)
         if config.enable_moe:
             self.router = Router(config)
@@ -236,7 +297,7 @@ class DecoderLayer(nn.Module):
         a, kv = self.self_attn(self.input_layernorm(h), inp, cache, start, shared_kv)
         h = h + self.post_attention_layernorm(a)
         m = self.mlp(self.pre_feedforward_layernorm(h))
-        if hasattr(self, "router"):  # MoE beside the dense MLP, both fed from the same residual h
+        if self.moe:  # MoE beside the dense MLP, both fed from the same residual h
             flat = h.flatten(0, 1)  # (B*T, E)
             weights, experts = self.router(flat)
             moe = self.experts(self.pre_feedforward_layernorm_2(flat), weights, experts).view_as(h)
@@ -267,7 +328,7 @@ class Gemma4Model(nn.Module):
         if config.ple_dim:
             lp = config.num_layers * config.ple_dim
             self.embed_tokens_per_layer = nn.Embedding(config.ple_vocab_size, lp)
-            self.per_layer_model_projection = nn.Linear(e, lp, bias=False)
+            self.per_layer_model_projection = Linear(e, lp)
             self.per_layer_projection_norm = RMSNorm(config.ple_dim, config.rms_norm_eps)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -278,8 +339,9 @@ class Gemma4Model(nn.Module):
     def per_layer_inputs(self, ids: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         """§2.9: ids (B, T), scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
         c = self.config
-        w = self.embed_tokens_per_layer.weight
-        tok = F.embedding(ids, w) * embed_scale(c.ple_dim, w.dtype)  # (B, T, L*P)
+        # The table may be in the file's dtype (weights.py keeps it memory-mapped): cast the rows read.
+        rows = F.embedding(ids, self.embed_tokens_per_layer.weight).to(x0.dtype)  # (B, T, L*P)
+        tok = rows * embed_scale(c.ple_dim, x0.dtype)
         ctx = self.per_layer_model_projection(x0) * c.hidden_size**-0.5  # (B, T, L*P)
         ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
         return (ctx + tok.unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
@@ -293,7 +355,8 @@ class Gemma4Model(nn.Module):
             window = c.sliding_window if kind == SLIDING else None
             # Keys that left every query's window are not even multiplied (sliding layers only).
             key_start = max(0, start - window + 1) if window else 0
-            mask = attention_mask(q_pos, torch.arange(key_start, end, device=device), window)
+            mask = attention_mask(q_pos, torch.arange(key_start, end, device=device), window)  # (T, S')
+            mask = additive_mask(mask, dtype)
             head_dim = c.head_dims[c.layer_types.index(kind)]
             cos, sin = rope_cos_sin(q_pos, rope_frequencies(c.rope[kind], head_dim, device), dtype)
             out[kind] = LayerInputs(cos, sin, mask, key_start)
@@ -320,17 +383,17 @@ class Gemma4Model(nn.Module):
         x = self.embed(input_ids)  # (B, T, E)
         ple = self.per_layer_inputs(input_ids, x) if c.ple_dim else None  # (B, T, L, P)
         inputs = self.layer_inputs(start_pos, start_pos + t, x.dtype, x.device)
+        ples = [None] * c.num_layers if ple is None else ple.unbind(dim=2)  # L x (B, T, P)
         source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
         h = x
-        for i, layer in enumerate(self.layers):
-            kind = c.layer_types[i]
-            shared = source_kv[kind] if c.is_shared(i) else None
-            h, kv = layer(h, inputs[kind], None if ple is None else ple[:, :, i], cache, start_pos, shared)
-            if not c.is_shared(i):
-                source_kv[kind] = kv  # after the loop: exactly kv_source(kind)'s K/V
+        for layer, layer_ple in zip(self.layers, ples):
+            shared = source_kv[layer.kind] if layer.shared else None
+            h, kv = layer(h, inputs[layer.kind], layer_ple, cache, start_pos, shared)
+            if not layer.shared:
+                source_kv[layer.kind] = kv  # after the loop: exactly kv_source(kind)'s K/V
         hidden = self.norm(h)  # (B, T, E)
         n = t if num_logits is None else num_logits
-        logits = F.linear(hidden[:, t - n:], self.embed_tokens.weight)  # tied head, unscaled; (B, n, V)
+        logits = linear(hidden[:, t - n:], self.embed_tokens.weight)  # tied head, unscaled; (B, n, V)
         if c.final_logit_softcapping:
             cap = c.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap

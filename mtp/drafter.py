@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gemma4.config import FULL, SLIDING, ConfigError, TextConfig, read_json, text_config_from_dict
-from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, attention_mask, rope_cos_sin, rope_frequencies
+from gemma4.model import (
+    DecoderLayer, Gemma4Model, LayerInputs, Linear, RMSNorm, additive_mask, attention_mask, linear, rope_cos_sin,
+    rope_frequencies,
+)
 from gemma4.weights import CheckpointError, read_state_dict, resolve_model_dir
 
 
@@ -68,7 +70,7 @@ class CentroidHead(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         self.top_k = cfg.centroid_top_k
-        self.centroids = nn.Linear(cfg.text.hidden_size, cfg.num_centroids, bias=False)
+        self.centroids = Linear(cfg.text.hidden_size, cfg.num_centroids)
         self.register_buffer("token_ordering", torch.empty(cfg.text.vocab_size, dtype=torch.long))
 
     def candidates(self, hn: torch.Tensor, head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,8 +109,8 @@ class Drafter(nn.Module):
         super().__init__()
         self.config = cfg
         e, d = cfg.backbone_hidden_size, cfg.text.hidden_size
-        self.pre_projection = nn.Linear(2 * e, d, bias=False)
-        self.post_projection = nn.Linear(d, e, bias=False)
+        self.pre_projection = Linear(2 * e, d)
+        self.post_projection = Linear(d, e)
         self.model = DrafterBody(cfg.text)
         if cfg.use_ordered_embeddings:
             self.masked_embedding = CentroidHead(cfg)
@@ -127,6 +129,7 @@ class Drafter(nn.Module):
             window = c.sliding_window + 1 if kind == SLIDING else None
             key_start = max(0, int(positions.min()) - window) if window else 0  # older keys are masked anyway
             mask = attention_mask(positions - 1, torch.arange(key_start, num_keys, device=device), window)  # (T, S)
+            mask = additive_mask(mask, dtype)
             head_dim = c.head_dims[c.layer_types.index(kind)]
             cos, sin = rope_cos_sin(positions, rope_frequencies(c.rope[kind], head_dim, device), dtype)
             out[kind] = LayerInputs(cos, sin, mask, key_start)
@@ -147,13 +150,13 @@ class Drafter(nn.Module):
     def logits(self, hn: torch.Tensor) -> torch.Tensor:
         """(B, D) -> (B, V). No softcap on the drafter."""
         head = self.model.embed_tokens.weight  # (V, D)
-        return self.masked_embedding.logits(hn, head) if hasattr(self, "masked_embedding") else F.linear(hn, head)
+        return self.masked_embedding.logits(hn, head) if hasattr(self, "masked_embedding") else linear(hn, head)
 
     def greedy_token(self, hn: torch.Tensor) -> torch.Tensor:
         """(B, D) -> (B,) the proposed token, without a full-vocabulary tensor on the centroid head."""
         if hasattr(self, "masked_embedding"):
             return self.masked_embedding.greedy(hn, self.model.embed_tokens.weight)
-        return F.linear(hn, self.model.embed_tokens.weight).argmax(dim=-1)
+        return linear(hn, self.model.embed_tokens.weight).argmax(dim=-1)
 
     @torch.inference_mode()
     def draft(

@@ -1,0 +1,394 @@
+"""Speed and memory, measured side by side with `transformers` and against the hardware, in one run.
+
+    python scripts/benchmark.py                          # every section: a few minutes on 2 cores
+    python scripts/benchmark.py --only demo --tokens 64  # one section; --json prints one object instead
+
+Sections (`--only a,b`):
+- `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, and
+  `transformers`' plain and assisted `generate` with the same assistant: tokens/s, the ratios, whether
+  all four produced the same tokens, acceptance rates.
+- `e2b`: the same on a random pair at the real E2B dimensions (the vocabulary cut to 32768 so that
+  float32 fits in memory; written once under `--e2b-dir`, memory-mapped by both implementations). A
+  random drafter is almost never right: its speculative rows show the cost of drafting for nothing.
+- `costs`: at E2B dimensions, a draft round of K steps and a (K+1)-token verify relative to a 1-token
+  decode, K = 1..8, and the speedup they imply at acceptance rates 0.5 / 0.7 / 0.9 (i.i.d. acceptance
+  α: a round of K drafts commits (1 - α^(K+1)) / (1 - α) tokens on average; Leviathan et al. 2023).
+- `bandwidth`: decode tokens/s at E2B dimensions against the memory-bandwidth bound: bytes of weights a
+  decode step reads over the bandwidth of a large tensor copy (bytes read + written).
+- `memory`: peak resident memory of `load_target` on a bfloat16 E2B-sized checkpoint, in a fresh process,
+  loaded as bfloat16 (memory-mapped, nothing copied) and, for comparison, as float32 (every weight cast).
+
+Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every
+method once, the order reversed on every other repetition, after one untimed warm-up; tokens/s is taken
+from the median time, and a ratio is the median of the per-repetition ratios (neighbours in time).
+transformers runs as `scripts/_transformers_baseline.py` calls it; without it, its columns say why.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
+sys.path.insert(0, str(REPO / "scripts"))
+
+import torch  # noqa: E402
+
+from _random_pair import e2b_configs, write_pair  # noqa: E402
+from _transformers_baseline import load_transformers, tf_generate  # noqa: E402
+from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
+from gemma4.config import read_json  # noqa: E402
+from gemma4.model import Gemma4Model  # noqa: E402
+from gemma4.tokenizer import Gemma4Tokenizer  # noqa: E402
+from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
+from mtp.speculative import target_kv  # noqa: E402
+
+SECTIONS = ("demo", "e2b", "costs", "bandwidth", "memory")
+DEMO = REPO / "scripts" / "demo"
+DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
+E2B_VOCAB = 32768
+ALPHAS = (0.5, 0.7, 0.9)
+MAX_K = 8
+
+
+def say(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def median_ratio(a: list[float], b: list[float]) -> float:
+    """Median over repetitions of a[i] / b[i]: each ratio compares runs that were neighbours in time."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def interleaved(runs: dict[str, Callable[[], Any]], reps: int, warm_up: dict[str, Callable[[], Any]]
+                ) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Seconds of every run per repetition (order reversed every other repetition), and each one's output."""
+    for run in warm_up.values():
+        run()
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    outputs: dict[str, Any] = {}
+    for rep in range(reps):
+        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+            start = time.perf_counter()
+            outputs.setdefault(name, []).append(runs[name]())
+            seconds[name].append(time.perf_counter() - start)
+    return seconds, outputs
+
+
+# ---------------------------------------------------------------- sections
+
+def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], tokens: int, reps: int, k: int,
+                 use_transformers: bool, warm_tokens: int) -> tuple[dict[str, Any], Gemma4Model, Drafter]:
+    """Our plain and speculative decoding against transformers' plain and assisted generate."""
+    target, drafter = load_target(target_dir), load_drafter(assistant_dir)
+    acceptance: dict[str, float] = {}
+
+    def ours_spec(n: int) -> list[int]:
+        result = speculative_generate(target, drafter, prompt, n, DraftLength(k))
+        acceptance["ours_spec"] = result.stats.acceptance_rate
+        return result.tokens
+
+    runs: dict[str, Callable[[int], list[int]]] = {
+        "ours_plain": lambda n: greedy_generate(target, prompt, n), "ours_spec": ours_spec}
+    tf = load_transformers(target_dir, assistant_dir) if use_transformers else "skipped (--no-transformers)"
+    if not isinstance(tf, str):
+        tf_target, tf_assistant, _ = tf
+
+        def tf_assisted(n: int) -> list[int]:
+            out, acceptance["tf_assisted"] = tf_generate(tf_target, tf_assistant, prompt, n, k)
+            return out
+
+        runs |= {"tf_plain": lambda n: tf_generate(tf_target, None, prompt, n, k)[0], "tf_assisted": tf_assisted}
+    seconds, outputs = interleaved({name: (lambda r=r: r(tokens)) for name, r in runs.items()}, reps,
+                                   warm_up={name: (lambda r=r: r(warm_tokens)) for name, r in runs.items()})
+    methods = {name: {"tokens_per_s": tokens / statistics.median(s), "seconds": s,
+                      "acceptance_rate": acceptance.get(name)} for name, s in seconds.items()}
+    pairs = [("ours_plain", "tf_plain"), ("ours_spec", "tf_assisted"), ("ours_spec", "ours_plain"),
+             ("tf_assisted", "tf_plain")]
+    speed = {name: [tokens / s for s in secs] for name, secs in seconds.items()}
+    ratios = {f"{a}/{b}": median_ratio(speed[a], speed[b]) for a, b in pairs if a in speed and b in speed}
+    every = [tuple(out) for outs in outputs.values() for out in outs]
+    return {
+        "target": str(target_dir), "assistant": str(assistant_dir), "prompt_tokens": len(prompt),
+        "new_tokens": tokens, "reps": reps, "k": k, "transformers": tf if isinstance(tf, str) else tf[2],
+        "methods": methods, "ratios": ratios, "identical": len(set(every)) == 1,
+    }, target, drafter
+
+
+@torch.inference_mode()
+def cost_section(target: Gemma4Model, drafter: Drafter, prompt: list[int], reps: int) -> dict[str, Any]:
+    """Seconds of a 1-token decode, (K+1)-token verifies and K-step draft rounds at the same position."""
+    p = len(prompt)
+    cache = KVCache(target.config, p + MAX_K + 1)
+    out = target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
+    cache.length = p  # every timed forward writes at p.. and leaves the length at p
+    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, p)
+    runs: dict[str, Callable[[], Any]] = {"decode": lambda: target.run(torch.tensor([[token]]), cache, p)}
+    for k in range(1, MAX_K + 1):
+        runs[f"verify{k + 1}"] = lambda k=k: target.run(torch.tensor([[token] * (k + 1)]), cache, p)
+        runs[f"draft{k}"] = lambda k=k: drafter.draft(target, token, hidden, p, kv, k)
+    s, _ = interleaved(runs, reps, warm_up=runs)
+    verify = {k: median_ratio(s[f"verify{k + 1}"], s["decode"]) for k in range(1, MAX_K + 1)}  # K drafts: K+1 rows
+    draft = {k: median_ratio(s[f"draft{k}"], s["decode"]) for k in range(1, MAX_K + 1)}
+    implied = {}
+    for alpha in ALPHAS:
+        speedup = {k: (1 - alpha ** (k + 1)) / (1 - alpha) / (draft[k] + verify[k]) for k in verify}
+        best = max(speedup, key=speedup.get)
+        implied[str(alpha)] = {"best_k": best, "speedup": speedup[best], "by_k": speedup}
+    return {"context": p, "decode_s": statistics.median(s["decode"]), "draft_step_over_decode": draft[1],
+            "draft_round_over_decode": draft, "verify_over_decode": verify, "implied_speedup": implied}
+
+
+def decode_bytes(model: Gemma4Model) -> int:
+    """Bytes of weights one decode step reads: every parameter, the whole tied embedding (the head scores
+    every token), but of the PLE table only the token's own row."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.config.ple_dim:
+        table = model.embed_tokens_per_layer.weight  # (V, L*P)
+        total -= (table.shape[0] - 1) * table.shape[1] * table.element_size()
+    return total
+
+
+@torch.inference_mode()
+def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: int,
+                      plain_tokens_per_s: float | None) -> dict[str, Any]:
+    """A decode step against `dst.copy_(src)` on `mib` MiB (bytes read + written), measured in turns."""
+    p = len(prompt)
+    cache = KVCache(target.config, p + 1)
+    target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
+    cache.length = p
+    src = torch.ones(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    runs = {"decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, p), "copy": lambda: dst.copy_(src)}
+    s, _ = interleaved(runs, reps, warm_up=runs)
+    per_token = decode_bytes(target)
+    # Per repetition: (bytes a step reads / its seconds) / copy bandwidth = decode tokens/s / the bound.
+    fraction = statistics.median((per_token / d) / (2 * src.nbytes / c) for d, c in zip(s["decode"], s["copy"]))
+    bandwidth = 2 * src.nbytes / statistics.median(s["copy"])
+    bound = bandwidth / per_token
+    return {"copy_bytes_per_s": bandwidth, "copy_mib": mib, "bytes_per_token": per_token, "bound_tokens_per_s": bound,
+            "decode_step_tokens_per_s": 1 / statistics.median(s["decode"]), "fraction_decode_step": fraction,
+            "plain_generate_tokens_per_s": plain_tokens_per_s,
+            "fraction_plain_generate": None if plain_tokens_per_s is None else plain_tokens_per_s / bound}
+
+
+def status_mib() -> dict[str, float]:
+    """VmRSS (resident now), VmHWM (peak resident), RssAnon (private memory), RssFile (mapped file pages)."""
+    keys = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return {line.split(":")[0]: int(line.split()[1]) / 1024 for line in lines if line.startswith(keys)}
+
+
+def reset_peak() -> bool:
+    """Restart VmHWM from the current RSS (Linux: `echo 5 > /proc/self/clear_refs`)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_child(model_dir: Path, dtype: str) -> dict[str, Any]:
+    """Runs in a fresh process: resident memory before, at the peak of loading, and after one forward."""
+    base = status_mib()
+    separate = reset_peak()
+    model = load_target(model_dir, dtype=getattr(torch, dtype))
+    loaded = status_mib()
+    text_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    if separate:
+        reset_peak()
+    with torch.inference_mode():
+        model.run(torch.tensor([[2, 107, 108, 109]]), num_logits=1)  # pages every weight in but the PLE rows
+    ran = status_mib()
+    return {"dtype": dtype, "text_weights_mib": text_mib, "baseline": base, "after_load": loaded,
+            "after_forward": ran, "load_peak_over_text": (loaded["VmHWM"] - base["VmRSS"]) / text_mib,
+            "forward_peak_over_text": (ran["VmHWM"] - base["VmRSS"]) / text_mib, "peaks_separate": separate}
+
+
+def memory_section(model_dir: Path, dtype: str) -> dict[str, Any]:
+    """memory_child in a fresh interpreter: nothing loaded before can hide in the peak."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import benchmark; "
+            "print(json.dumps(benchmark.memory_child(benchmark.Path(sys.argv[2]), sys.argv[3])))")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts"), str(model_dir), dtype],
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"the memory measurement failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- goals, table, command line
+
+def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's numeric targets, each with the measured value and whether it was met."""
+    out = []
+
+    def goal(name: str, value: float | None, limit: float, at_least: bool) -> None:
+        met = None if value is None else (value >= limit if at_least else value <= limit)
+        out.append({"goal": name, "value": value, "limit": limit, "met": met})
+
+    for section in ("demo", "e2b"):
+        r = result.get(section)
+        if r:
+            goal(f"{section}: ours plain / transformers plain", r["ratios"].get("ours_plain/tf_plain"), 2.0, True)
+            goal(f"{section}: ours speculative / transformers assisted", r["ratios"].get("ours_spec/tf_assisted"),
+                 2.0, True)
+            goal(f"{section}: identical tokens (1 = yes)", float(r["identical"]), 1.0, True)
+    if result.get("costs"):
+        goal("e2b: draft step / decode step", result["costs"]["draft_step_over_decode"], 0.10, False)
+        goal("e2b: 5-token verify / 1-token decode", result["costs"]["verify_over_decode"][4], 1.5, False)
+    if result.get("bandwidth"):
+        goal("e2b: decode / memory-bandwidth bound", result["bandwidth"]["fraction_decode_step"], 0.5, True)
+    if result.get("memory"):
+        goal("loading peak / text weights (bf16)", result["memory"]["load_peak_over_text"], 1.15, False)
+    return out
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"machine: {result['machine']}"]
+    for section in ("demo", "e2b"):
+        r = result.get(section)
+        if not r:
+            continue
+        lines += ["", f"== {section}: {r['target']} + {r['assistant']}",
+                  f"   prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new, K = {r['k']}, "
+                  f"{r['reps']} timed reps; transformers {r['transformers']}",
+                  *([f"   {r['note']}"] if r.get("note") else []),
+                  f"   {'method':<32}{'tokens/s':>10}{'acceptance':>12}"]
+        names = {"ours_plain": "ours, plain greedy", "ours_spec": "ours, speculative",
+                 "tf_plain": "transformers generate", "tf_assisted": "transformers assisted generate"}
+        for name, label in names.items():
+            m = r["methods"].get(name)
+            rate = fmt(m and m["acceptance_rate"], ".3f") if name in ("ours_spec", "tf_assisted") else ""
+            lines.append(f"   {label:<32}{fmt(m and m['tokens_per_s'], '.1f'):>10}{rate:>12}")
+        lines += [f"   ratio {k:<26}{v:>10.2f}x" for k, v in r["ratios"].items()]
+        lines.append(f"   identical tokens (all four)     {'yes' if r['identical'] else 'NO'}")
+    c = result.get("costs")
+    if c:
+        lines += ["", f"== costs at E2B dimensions, relative to one 1-token decode ({c['decode_s'] * 1e3:.0f} ms, "
+                      f"context {c['context']})",
+                  "   K                    " + "".join(f"{k:>7}" for k in range(1, MAX_K + 1)),
+                  "   (K+1)-token verify   " + "".join(f"{v:>7.2f}" for v in c["verify_over_decode"].values()),
+                  "   K-step draft round   " + "".join(f"{v:>7.3f}" for v in c["draft_round_over_decode"].values())]
+        for alpha, s in c["implied_speedup"].items():
+            lines.append(f"   implied speedup a={alpha}" + "".join(f"{v:>7.2f}" for v in s["by_k"].values())
+                         + f"   best K = {s['best_k']}: {s['speedup']:.2f}x")
+    b = result.get("bandwidth")
+    if b:
+        lines += ["", "== decode against the memory-bandwidth bound (E2B dimensions, float32)",
+                  f"   copy bandwidth (read + write, {b['copy_mib']} MiB)   {b['copy_bytes_per_s'] / 1e9:.1f} GB/s",
+                  f"   weights read per decode token          {b['bytes_per_token'] / 1e9:.2f} GB",
+                  f"   bound                                  {b['bound_tokens_per_s']:.2f} tokens/s",
+                  f"   decode step                            {b['decode_step_tokens_per_s']:.2f} tokens/s = "
+                  f"{b['fraction_decode_step']:.0%} of the bound",
+                  f"   plain generate (e2b section)           {fmt(b['plain_generate_tokens_per_s'])} tokens/s = "
+                  f"{fmt(b['fraction_plain_generate'] and 100 * b['fraction_plain_generate'], '.0f')}% of the bound"]
+    for key in ("memory", "memory_float32"):
+        m = result.get(key)
+        if m:
+            lines += ["", f"== loading memory: the bfloat16 E2B-dimension file, load_target(dtype={m['dtype']}) in a "
+                          f"fresh process; text weights as loaded {m['text_weights_mib']:.0f} MiB",
+                      f"   peak RSS while loading, over baseline   {m['load_peak_over_text']:.2f}x the text weights "
+                      f"(after loading: private {m['after_load']['RssAnon'] - m['baseline']['RssAnon']:.0f} MiB, "
+                      f"mapped file {m['after_load']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)",
+                      f"   peak RSS in a first forward             {m['forward_peak_over_text']:.2f}x "
+                      f"(mapped file pages then resident: "
+                      f"{m['after_forward']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)"]
+    lines += ["", "== targets"]
+    for g in result["goals"]:
+        verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
+        lines.append(f"   {g['goal']:<52}{fmt(g['value'], '.3f'):>8}  (limit {g['limit']})  {verdict}")
+    return "\n".join(lines)
+
+
+def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
+         e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool) -> dict:
+    torch.set_num_threads(threads)
+    result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {threads} torch threads, "
+                                         f"torch {torch.__version__}, float32 unless stated"}
+    if "demo" in sections:
+        if (target_dir / "config.json").is_file():
+            tok = target_dir / "tokenizer.json"
+            prompt = Gemma4Tokenizer(tok).encode_raw(DEMO_PROMPT) if tok.is_file() else random_prompt(target_dir, 24)
+            say(f"demo: {target_dir}")
+            result["demo"], *_ = pair_section(target_dir, assistant_dir, prompt, tokens, reps,
+                                              k or assistant_k(assistant_dir), use_transformers, warm_tokens=tokens)
+        else:
+            say(f"demo: skipped, {target_dir} has no checkpoint (train it, or pass --target/--assistant)")
+    e2b_target = e2b_drafter = None
+    if {"e2b", "costs", "bandwidth"} & set(sections):
+        say(f"e2b: writing or reusing the random E2B-dimension pair under {e2b_dir / 'float32'}")
+        t_dir, a_dir = write_pair(e2b_dir / "float32", *e2b_configs(E2B_VOCAB), torch.float32)
+        prompt = random_prompt(t_dir, 16)
+        if "e2b" in sections:
+            result["e2b"], e2b_target, e2b_drafter = pair_section(  # a short warm-up: it pages the weights in
+                t_dir, a_dir, prompt, e2b_tokens, e2b_reps, k or assistant_k(a_dir), use_transformers, warm_tokens=2)
+            result["e2b"]["note"] = f"random weights, vocabulary cut from 262144 to {E2B_VOCAB}"
+        else:
+            e2b_target, e2b_drafter = load_target(t_dir), load_drafter(a_dir)
+        if "costs" in sections:
+            say("costs: decode, verify and draft at E2B dimensions")
+            result["costs"] = cost_section(e2b_target, e2b_drafter, prompt, e2b_reps)
+        if "bandwidth" in sections:
+            say("bandwidth: decode steps and tensor copies in turns")
+            plain = result.get("e2b", {}).get("methods", {}).get("ours_plain", {}).get("tokens_per_s")
+            result["bandwidth"] = bandwidth_section(e2b_target, prompt, reps, copy_mib, plain)  # a step: ≈ 0.4 s
+        del e2b_target, e2b_drafter
+    if "memory" in sections:
+        say(f"memory: writing or reusing the bfloat16 E2B-dimension checkpoint under {e2b_dir / 'bfloat16'}")
+        t_dir, _ = write_pair(e2b_dir / "bfloat16", *e2b_configs(E2B_VOCAB), torch.bfloat16)
+        result["memory"] = memory_section(t_dir, "bfloat16")  # the target: loaded as stored
+        result["memory_float32"] = memory_section(t_dir, "float32")  # for comparison: every weight cast
+    result["goals"] = goals(result)
+    return result
+
+
+def random_prompt(target_dir: Path, length: int) -> list[int]:
+    """<bos> and seeded ids above the special tokens (0..106)."""
+    raw = read_json(target_dir / "config.json")
+    vocab = int(raw.get("text_config", raw)["vocab_size"])
+    return [2] + torch.randint(107, vocab, (length - 1,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def assistant_k(assistant_dir: Path) -> int:
+    """`num_assistant_tokens` of the assistant's generation_config.json, else 4."""
+    file = assistant_dir / "generation_config.json"
+    return int(read_json(file).get("num_assistant_tokens", 4)) if file.is_file() else 4
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--target", type=Path, default=DEMO / "target")
+    p.add_argument("--assistant", type=Path, default=DEMO / "assistant")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens per run in the demo section")
+    p.add_argument("--e2b-tokens", type=int, default=16, help="new tokens per run in the e2b section")
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions: demo, bandwidth")
+    p.add_argument("--e2b-reps", type=int, default=3, help="timed repetitions: e2b, costs")
+    p.add_argument("-k", type=int, default=None, help="drafts per round (default: the assistant's, else 4)")
+    p.add_argument("--e2b-dir", type=Path, default=Path(tempfile.gettempdir()) / "gemma4-mtp-benchmark",
+                   help="where the random E2B-dimension checkpoints are written once (≈ 9 + 4.5 GB)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, for every method alike")
+    p.add_argument("--copy-mib", type=int, default=1024, help="size of the bandwidth probe")
+    p.add_argument("--no-transformers", action="store_true", help="leave the transformers columns empty")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    a = p.parse_args()
+    only = [s.strip() for s in a.only.split(",") if s.strip()]
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
+    out = main(only, a.target, a.assistant, a.tokens, a.e2b_tokens, a.reps, a.e2b_reps, a.k, a.e2b_dir, a.threads,
+               a.copy_mib, not a.no_transformers)
+    print(json.dumps(out, indent=1) if a.json else table(out))

@@ -1,0 +1,75 @@
+"""Smoke test of scripts/benchmark.py: every section's code path on tiny checkpoints, the JSON contract,
+and that all four decoders produce the same tokens. No timing is asserted: times are the machine's."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemma4 import load_target
+from tests.checkpoints import write_assistant, write_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import benchmark  # noqa: E402
+from _random_pair import assistant_config, target_config  # noqa: E402
+
+PAIR_KEYS = {"target", "assistant", "prompt_tokens", "new_tokens", "reps", "k", "transformers", "methods", "ratios",
+             "identical"}
+
+
+def tiny_e2b_like(vocab: int) -> tuple[dict, dict]:
+    """Stands in for the real E2B dimensions: KV sharing, PLE, double-wide MLP, a centroid head."""
+    target = target_config(512, layers=7, hidden=32, intermediate=64, heads=2, kv_heads=1, head_dim=16, window=8,
+                           shared=2, ple_dim=8, double_wide=True)
+    return target, assistant_config(target, hidden=16, intermediate=32, heads=2, num_centroids=16, top_k=4)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    target = write_target(root / "target", "e2b")
+    return target, write_assistant(root / "assistant", target, ordered_embeddings=True, echo=True)
+
+
+def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(benchmark, "e2b_configs", tiny_e2b_like)
+    result = benchmark.main(list(benchmark.SECTIONS), pair[0], pair[1], tokens=6, e2b_tokens=4, reps=1, e2b_reps=1,
+                            k=None, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=True)
+    result = json.loads(json.dumps(result))  # the --json output is exactly this object
+    for section in ("demo", "e2b"):
+        r = result[section]
+        assert PAIR_KEYS <= set(r), section
+        assert set(r["methods"]) == {"ours_plain", "ours_spec", "tf_plain", "tf_assisted"}
+        assert r["identical"] is True, section
+        assert r["k"] == 4  # the assistant's num_assistant_tokens
+        assert all(m["tokens_per_s"] > 0 for m in r["methods"].values())
+        assert 0 <= r["methods"]["ours_spec"]["acceptance_rate"] <= 1
+        assert 0 <= r["methods"]["tf_assisted"]["acceptance_rate"] <= 1
+        assert {"ours_plain/tf_plain", "ours_spec/tf_assisted"} <= set(r["ratios"])
+    costs = result["costs"]
+    assert set(costs["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}  # JSON keys
+    assert set(costs["implied_speedup"]) == {"0.5", "0.7", "0.9"}
+    assert 0 < costs["draft_step_over_decode"]
+    band = result["bandwidth"]
+    assert band["copy_bytes_per_s"] > 0 and 0 < band["fraction_decode_step"]
+    model = load_target(tmp_path / "float32" / "target")  # what the e2b sections ran on
+    ple = model.embed_tokens_per_layer.weight  # (V, L*P): one row is read per token, not the table
+    everything = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert band["bytes_per_token"] == everything - (ple.shape[0] - 1) * ple.shape[1] * ple.element_size()
+    assert result["memory"]["dtype"] == "bfloat16" and result["memory_float32"]["dtype"] == "float32"
+    for memory in (result["memory"], result["memory_float32"]):
+        assert memory["load_peak_over_text"] >= 0 and memory["text_weights_mib"] > 0
+    goals = {g["goal"]: g for g in result["goals"]}
+    assert goals["demo: identical tokens (1 = yes)"]["met"] is True
+    assert all(set(g) == {"goal", "value", "limit", "met"} for g in goals.values())
+    assert "== targets" in benchmark.table(result)
+
+
+def test_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    result = benchmark.main(["demo"], pair[0], pair[1], tokens=5, e2b_tokens=4, reps=1, e2b_reps=1, k=2,
+                            e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
+    demo = result["demo"]
+    assert set(demo["methods"]) == {"ours_plain", "ours_spec"} and demo["identical"] is True
+    assert demo["transformers"].startswith("skipped") and demo["k"] == 2
+    assert "n/a" in benchmark.table(result)
