@@ -26,7 +26,7 @@ from gemma4.model import (
     DecoderLayer, Gemma4Model, LayerInputs, Linear, RMSNorm, additive_mask, attention_mask, linear, rope_cos_sin,
     rope_frequencies,
 )
-from gemma4.weights import CheckpointError, read_state_dict, resolve_model_dir
+from gemma4.weights import CheckpointError, read_state_dict, resolve_model_dir, target_ignored, target_weight_table
 
 
 @dataclass(frozen=True)
@@ -180,24 +180,11 @@ def drafter_weight_table(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     """Checkpoint name -> shape (§2). The drafter file has no prefix beyond these names."""
     c, e = cfg.text, cfg.backbone_hidden_size
     d = c.hidden_size
-    table: dict[str, tuple[int, ...]] = {
-        "pre_projection.weight": (d, 2 * e),
-        "post_projection.weight": (e, d),
-        "model.embed_tokens.weight": (c.vocab_size, d),
-        "model.norm.weight": (d,),
-    }
-    for i in range(c.num_layers):
-        hd, pre = c.head_dims[i], f"model.layers.{i}."
-        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm"):
-            table[pre + norm + ".weight"] = (d,)
-        table[pre + "layer_scalar"] = (1,)
-        table[pre + "self_attn.q_proj.weight"] = (c.num_heads * hd, d)
-        table[pre + "self_attn.q_norm.weight"] = (hd,)
-        table[pre + "self_attn.o_proj.weight"] = (d, c.num_heads * hd)
-        table[pre + "mlp.gate_proj.weight"] = (c.intermediate_size, d)
-        table[pre + "mlp.up_proj.weight"] = (c.intermediate_size, d)
-        table[pre + "mlp.down_proj.weight"] = (d, c.intermediate_size)
+    # Under `model.` sits an ordinary Gemma 4 stack whose layers are all KV-shared (Q-only, no PLE,
+    # no MoE): the target's own name table describes it exactly.
+    table = {"model." + key: shape for key, shape in target_weight_table(c).items()}
+    table["pre_projection.weight"] = (d, 2 * e)
+    table["post_projection.weight"] = (e, d)
     if cfg.use_ordered_embeddings:
         table["masked_embedding.centroids.weight"] = (cfg.num_centroids, d)
         table["masked_embedding.token_ordering"] = (c.vocab_size,)
@@ -206,9 +193,7 @@ def drafter_weight_table(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
 
 def drafter_ignored(cfg: DrafterConfig) -> set[str]:
     """Tensors a file may carry that the drafter never uses: K/V weights and an untied head copy."""
-    kv = {f"model.layers.{i}.self_attn.{n}.weight" for i in range(cfg.text.num_layers)
-          for n in ("k_proj", "v_proj", "k_norm", "v_norm")}
-    return kv | {"lm_head.weight"}
+    return {"model." + key for key in target_ignored(cfg.text)} | {"lm_head.weight"}
 
 
 def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, drafter_name: str) -> None:
