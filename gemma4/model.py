@@ -26,23 +26,20 @@ from gemma4.config import FULL, SLIDING, RopeConfig, TextConfig
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the numerically sensitive steps: fp32 for bf16 and fp32 models (§6), float64 for the
-    float64 models some tests build to rule out rounding."""
+    """The dtype of the sensitive steps: fp32 for bf16 and fp32 models (§6), float64 for tests' float64 models."""
     return torch.float64 if dtype == torch.float64 else torch.float32  # a plain branch: no dispatcher call
 
 
 @cache
 def eps_tensor(eps: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A 0-d tensor of eps, made once: a Python float operand costs the dispatcher a fresh tensor per call."""
-    return torch.tensor(eps, dtype=dtype, device=device)
+    return torch.tensor(eps, dtype=dtype, device=device)  # made once: a float operand is a new tensor per call
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """§2.1: x * (mean(x²) + eps)^-1/2 * w in fp32, times the weight directly (not 1 + w), cast back.
+    """§2.1: x * (mean(x²) + eps)^-1/2 in fp32, times the weight directly (not 1 + w), cast back.
 
-    mean(x²) is taken as |x|² / n: `vector_norm` is one native kernel, where F.rms_norm (a composite
-    on the CPU) and x.pow(2).mean() dispatch ~20 and ~10 small ops, and a decode step of a small model
-    runs ~170 norms. Same fp32 sum of squares, rounded once more by the square root (~1e-7 relative).
+    Six native ops: F.rms_norm, a composite on the CPU, dispatches ~20 and x.pow(2).mean() ~10, and a
+    decode step of a small model runs ~170 norms (this is 16% faster on the demo; same fp32 sums).
     """
     dtype = wide(x.dtype)
     xf = x if x.dtype == dtype else x.to(dtype)
@@ -63,10 +60,9 @@ ONEDNN_MIN_WEIGHT = 1 << 20  # elements (4 MiB in fp32): below this its per-call
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (..., in) @ weight (out, in).T -> (..., out): a decode step multiplies 1 row, a verify K+1.
 
-    Large float32 weights in CPU inference go to oneDNN, not F.linear's MKL GEMM: on the AMD EPYC of
-    scripts/benchmark.py MKL streams a weight at ~15 GB/s for 1 row and is 2-3x slower for 2-9 rows,
-    oneDNN streams ~25 GB/s and is ~1.4x slower for 5 rows. Same fp32 sums in another order (~1e-6
-    relative). Autograd (training), other dtypes and devices, and small weights use F.linear.
+    Large float32 weights in CPU inference go to oneDNN, not F.linear's MKL GEMM, which is 2-4x slower
+    for 2-9 rows than for 1 (oneDNN: 1.4-1.9x) on the AMD EPYC of scripts/benchmark.py. Same fp32 sums
+    in another order (~1e-6 relative). Autograd, other dtypes and devices, small weights: F.linear.
     """
     if (weight.numel() >= ONEDNN_MIN_WEIGHT and ONEDNN and weight.dtype == x.dtype == torch.float32
             and x.device.type == "cpu" and not torch.is_grad_enabled()):
@@ -134,7 +130,6 @@ def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtyp
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, T, H, D); rotate-half layout: pair i is (i, i + D/2), not interleaved.
-
     x·cos + rot(x)·sin with rot(x) = (-x2, x1). The swap is one `roll` and the sign sits in `sin`
     (rope_cos_sin): (-x2)·s == x2·(-s) exactly, so this is the textbook formula with two fewer ops.
     """
@@ -144,10 +139,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # ---------------------------------------------------------------- masks (§2.8)
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """(T, S) bool, True = visible. Key j is visible to query p iff j <= p (and p - window < j).
-
-    The one mask helper: prefill, one-token decode, (K+1)-token verification and the drafter.
-    """
+    """(T, S) bool, True = visible: key j to query p iff j <= p (and p - window < j). The one mask
+    helper: prefill, one-token decode, (K+1)-token verification and the drafter."""
     visible = k_pos[None, :] <= q_pos[:, None]  # (T, S)
     if window is not None:
         visible &= k_pos[None, :] > q_pos[:, None] - window
@@ -172,10 +165,8 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | N
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q (B, T, H, D), k/v (B, K, S, D), mask (T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0, enable_gqa=True
-    )  # (B, H, T, D)
-    return out.transpose(1, 2).flatten(2)  # (B, T, H*D)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
+    return out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
 
 
 # ---------------------------------------------------------------- attention (§2.4)
@@ -216,8 +207,9 @@ class Attention(nn.Module):
             v = rms_norm(v_raw, None, self.eps).transpose(1, 2)  # weightless v_norm, no RoPE; (B, K, T, D)
             if cache is not None:
                 k, v = cache.write(self.layer, start, k, v)  # (B, K, start+T, D) views
-        s = inp.key_start
-        out = attend(q, k[:, :, s:], v[:, :, s:], inp.mask)  # (B, T, H*D)
+        s = inp.key_start  # a sliding layer past its window: older keys are not even multiplied
+        keys, values = (k[:, :, s:], v[:, :, s:]) if s else (k, v)  # (B, K, S', D); no slicing ops when 0
+        out = attend(q, keys, values, inp.mask)  # (B, T, H*D)
         return self.o_proj(out), (k, v)
 
 
