@@ -14,7 +14,10 @@ Sections (`--only a,b`):
   decode, K = 1..8, and the speedup they imply at acceptance rates 0.5 / 0.7 / 0.9 (i.i.d. acceptance
   α: a round of K drafts commits (1 - α^(K+1)) / (1 - α) tokens on average; Leviathan et al. 2023).
 - `bandwidth`: decode tokens/s at E2B dimensions against the memory-bandwidth bound: bytes of weights a
-  decode step reads over the bandwidth of a large tensor copy (bytes read + written).
+  decode step reads over the bandwidth of a large tensor copy (bytes read + written). Ours and
+  transformers' plain generate are both set against it: bound / transformers' tokens/s is the most any
+  float32 decoder could gain over it on this machine. And how fast `linear` streams the largest weight
+  for 1, 2, 5 and 9 rows: what a (K+1)-token verify costs in the matrix products alone.
 - `memory`: peak resident memory of `load_target` on a bfloat16 E2B-sized checkpoint, in a fresh process,
   loaded as bfloat16 (memory-mapped, nothing copied) and, for comparison, as float32 (every weight cast).
 
@@ -47,7 +50,7 @@ from _random_pair import e2b_configs, write_pair  # noqa: E402
 from _transformers_baseline import load_transformers, tf_generate  # noqa: E402
 from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
 from gemma4.config import read_json  # noqa: E402
-from gemma4.model import Gemma4Model  # noqa: E402
+from gemma4.model import Gemma4Model, Linear, linear  # noqa: E402
 from gemma4.tokenizer import Gemma4Tokenizer  # noqa: E402
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
 from mtp.speculative import target_kv  # noqa: E402
@@ -158,27 +161,46 @@ def decode_bytes(model: Gemma4Model) -> int:
     return total
 
 
+ROWS = (1, 2, 5, 9)  # a decode step multiplies 1 row, a verify of K drafts K + 1
+
+
 @torch.inference_mode()
 def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: int,
-                      plain_tokens_per_s: float | None) -> dict[str, Any]:
-    """A decode step against `dst.copy_(src)` on `mib` MiB (bytes read + written), measured in turns."""
+                      plain: dict[str, float | None]) -> dict[str, Any]:
+    """A decode step against `dst.copy_(src)` on `mib` MiB (bytes read + written), measured in turns;
+    and how fast `linear` streams the largest weight when it multiplies 1, 2, 5 or 9 rows.
+
+    `plain` holds the plain-generate tokens/s of the e2b section, ours and transformers': set against
+    the bound, transformers' figure caps the speedup any float32 implementation can have over it here.
+    """
     p = len(prompt)
     cache = KVCache(target.config, p + 1)
     target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
     cache.length = p
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
-    runs = {"decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, p), "copy": lambda: dst.copy_(src)}
+    weight = max((m.weight for m in target.modules() if isinstance(m, Linear)), key=torch.Tensor.numel)
+    runs: dict[str, Callable[[], Any]] = {
+        "decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, p), "copy": lambda: dst.copy_(src)}
+    runs |= {f"rows{m}": lambda m=m: linear(torch.ones(1, m, weight.shape[1]), weight) for m in ROWS}
     s, _ = interleaved(runs, reps, warm_up=runs)
     per_token = decode_bytes(target)
     # Per repetition: (bytes a step reads / its seconds) / copy bandwidth = decode tokens/s / the bound.
     fraction = statistics.median((per_token / d) / (2 * src.nbytes / c) for d, c in zip(s["decode"], s["copy"]))
     bandwidth = 2 * src.nbytes / statistics.median(s["copy"])
     bound = bandwidth / per_token
-    return {"copy_bytes_per_s": bandwidth, "copy_mib": mib, "bytes_per_token": per_token, "bound_tokens_per_s": bound,
-            "decode_step_tokens_per_s": 1 / statistics.median(s["decode"]), "fraction_decode_step": fraction,
-            "plain_generate_tokens_per_s": plain_tokens_per_s,
-            "fraction_plain_generate": None if plain_tokens_per_s is None else plain_tokens_per_s / bound}
+    rows = {m: weight.nbytes / statistics.median(s[f"rows{m}"]) for m in ROWS}
+    out = {"copy_bytes_per_s": bandwidth, "copy_mib": mib, "bytes_per_token": per_token, "bound_tokens_per_s": bound,
+           "decode_step_tokens_per_s": 1 / statistics.median(s["decode"]), "fraction_decode_step": fraction,
+           "linear_weight_shape": list(weight.shape), "linear_bytes_per_s_by_rows": rows,
+           "linear_rows_slowdown": {m: median_ratio(s[f"rows{m}"], s["rows1"]) for m in ROWS}}
+    for name in ("ours_plain", "tf_plain"):
+        tokens_per_s = plain.get(name)
+        out[f"{name}_tokens_per_s"] = tokens_per_s
+        out[f"fraction_{name}"] = None if tokens_per_s is None else tokens_per_s / bound
+    # The bound is every implementation's: no float32 decoder here is faster than bound / transformers'.
+    out["ceiling_over_tf_plain"] = None if plain.get("tf_plain") is None else bound / plain["tf_plain"]
+    return out
 
 
 def status_mib() -> dict[str, float]:
@@ -293,8 +315,15 @@ def table(result: dict[str, Any]) -> str:
                   f"   bound                                  {b['bound_tokens_per_s']:.2f} tokens/s",
                   f"   decode step                            {b['decode_step_tokens_per_s']:.2f} tokens/s = "
                   f"{b['fraction_decode_step']:.0%} of the bound",
-                  f"   plain generate (e2b section)           {fmt(b['plain_generate_tokens_per_s'])} tokens/s = "
-                  f"{fmt(b['fraction_plain_generate'] and 100 * b['fraction_plain_generate'], '.0f')}% of the bound"]
+                  *[f"   {label:<39}{fmt(b[f'{name}_tokens_per_s'])} tokens/s = "
+                    f"{fmt(b[f'fraction_{name}'] and 100 * b[f'fraction_{name}'], '.0f')}% of the bound"
+                    for name, label in (("ours_plain", "ours, plain generate (e2b section)"),
+                                        ("tf_plain", "transformers generate (e2b section)"))],
+                  f"   so no float32 decoder here beats transformers generate by more than "
+                  f"{fmt(b['ceiling_over_tf_plain'])}x",
+                  f"   linear() on the largest weight {tuple(b['linear_weight_shape'])}, by rows multiplied: "
+                  + ", ".join(f"{m}: {v / 1e9:.1f} GB/s ({b['linear_rows_slowdown'][m]:.2f}x the time of 1)"
+                              for m, v in b["linear_bytes_per_s_by_rows"].items())]
     for key in ("memory", "memory_float32"):
         m = result.get(key)
         if m:
@@ -343,8 +372,9 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
             result["costs"] = cost_section(e2b_target, e2b_drafter, prompt, e2b_reps)
         if "bandwidth" in sections:
             say("bandwidth: decode steps and tensor copies in turns")
-            plain = result.get("e2b", {}).get("methods", {}).get("ours_plain", {}).get("tokens_per_s")
-            result["bandwidth"] = bandwidth_section(e2b_target, prompt, reps, copy_mib, plain)  # a step: ≈ 0.4 s
+            methods = result.get("e2b", {}).get("methods", {})
+            plain = {name: methods.get(name, {}).get("tokens_per_s") for name in ("ours_plain", "tf_plain")}
+            result["bandwidth"] = bandwidth_section(e2b_target, prompt, reps, copy_mib, plain)  # a step: ≈ 0.5 s
         del e2b_target, e2b_drafter
     if "memory" in sections:
         say(f"memory: writing or reusing the bfloat16 E2B-dimension checkpoint under {e2b_dir / 'bfloat16'}")

@@ -53,6 +53,11 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
     assert 0 < costs["draft_step_over_decode"]
     band = result["bandwidth"]
     assert band["copy_bytes_per_s"] > 0 and 0 < band["fraction_decode_step"]
+    assert band["ours_plain_tokens_per_s"] == result["e2b"]["methods"]["ours_plain"]["tokens_per_s"]
+    tf_plain = result["e2b"]["methods"]["tf_plain"]["tokens_per_s"]
+    assert band["ceiling_over_tf_plain"] == pytest.approx(band["bound_tokens_per_s"] / tf_plain)
+    assert set(band["linear_bytes_per_s_by_rows"]) == {"1", "2", "5", "9"}  # JSON keys
+    assert band["linear_rows_slowdown"]["1"] == 1.0 and all(v > 0 for v in band["linear_bytes_per_s_by_rows"].values())
     model = load_target(tmp_path / "float32" / "target")  # what the e2b sections ran on
     ple = model.embed_tokens_per_layer.weight  # (V, L*P): one row is read per token, not the table
     everything = sum(p.numel() * p.element_size() for p in model.parameters())
