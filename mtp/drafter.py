@@ -99,7 +99,8 @@ class DrafterBody(nn.Module):
 
     def __init__(self, text: TextConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(text.vocab_size, text.hidden_size)  # the output head only
+        v, d = text.vocab_size, text.hidden_size  # the output head only; `_weight`: no init, see Gemma4Model
+        self.embed_tokens = nn.Embedding(v, d, _weight=torch.empty(v, d))
         self.layers = nn.ModuleList(DecoderLayer(text, i) for i in range(text.num_layers))
         self.norm = RMSNorm(text.hidden_size, text.rms_norm_eps)
 
