@@ -10,6 +10,7 @@
   iteration is one target forward that commits its accepted drafts plus one token of its own.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,13 @@ def tf_generate(target: Any, assistant: Any | None, prompt: list[int], n: int, k
     tokens = out[0, len(prompt):].tolist()
     accepted = len(tokens) - len(drafted)  # each iteration: its accepted drafts + 1 token of the target's
     return tokens, accepted / max(1, sum(drafted))
+
+
+def tf_decode_step(target: Any, prompt: list[int]) -> Callable[[], Any]:
+    """The prompt prefilled into a new cache, and the cached 1-token forward that follows it, as every
+    step of `generate` runs the model (without generate's own per-step work)."""
+    ids = torch.tensor([prompt])  # (1, T)
+    with torch.inference_mode():
+        cache = target(ids, attention_mask=torch.ones_like(ids), use_cache=True).past_key_values
+    mask = torch.ones(1, len(prompt) + 1, dtype=torch.long)
+    return torch.inference_mode()(lambda: target(ids[:, -1:], past_key_values=cache, attention_mask=mask, use_cache=True))

@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import torch  # noqa: E402
 
 from _random_pair import e2b_configs, write_pair  # noqa: E402
-from _transformers_baseline import load_transformers, tf_generate  # noqa: E402
+from _transformers_baseline import load_transformers, tf_decode_step, tf_generate  # noqa: E402
 from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
 from gemma4.config import read_json  # noqa: E402
 from gemma4.model import Gemma4Model, Linear, linear  # noqa: E402
@@ -87,6 +87,29 @@ def interleaved(runs: dict[str, Callable[[], Any]], reps: int, warm_up: dict[str
     return seconds, outputs
 
 
+def aten_calls(prepare: Callable[[], Callable[[], Any]]) -> int:
+    """ATen operator calls, nested ones included, in one decode step. `prepare()` prefills a new cache and
+    returns the step; one step runs unprofiled first. A small model's decode step is bound by the cost
+    per call, not by arithmetic: its time follows this count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prepare()()
+    step = prepare()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+
+
+def our_decode_step(target: Gemma4Model, prompt: list[int]) -> Callable[[], Any]:
+    """The prompt prefilled into a new cache, and the cached 1-token forward that follows it, as every
+    step of greedy_generate runs it."""
+    cache = KVCache(target.config, len(prompt) + 1)
+    with torch.inference_mode():
+        target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
+    cache.length = len(prompt)
+    return torch.inference_mode()(lambda: target.run(torch.tensor([prompt[-1:]]), cache, len(prompt)))
+
+
 # ---------------------------------------------------------------- sections
 
 def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], tokens: int, reps: int, k: int,
@@ -120,10 +143,13 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
     speed = {name: [tokens / s for s in secs] for name, secs in seconds.items()}
     ratios = {f"{a}/{b}": median_ratio(speed[a], speed[b]) for a, b in pairs if a in speed and b in speed}
     every = [tuple(out) for outs in outputs.values() for out in outs]
+    calls = {"ours": aten_calls(lambda: our_decode_step(target, prompt))}
+    if not isinstance(tf, str):
+        calls["tf"] = aten_calls(lambda: tf_decode_step(tf[0], prompt))
     return {
         "target": str(target_dir), "assistant": str(assistant_dir), "prompt_tokens": len(prompt),
         "new_tokens": tokens, "reps": reps, "k": k, "transformers": tf if isinstance(tf, str) else tf[2],
-        "methods": methods, "ratios": ratios, "identical": len(set(every)) == 1,
+        "methods": methods, "ratios": ratios, "identical": len(set(every)) == 1, "aten_calls_per_decode_step": calls,
     }, target, drafter
 
 
@@ -297,6 +323,9 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"   {label:<32}{fmt(m and m['tokens_per_s'], '.1f'):>10}{rate:>12}")
         lines += [f"   ratio {k:<26}{v:>10.2f}x" for k, v in r["ratios"].items()]
         lines.append(f"   identical tokens (all four)     {'yes' if r['identical'] else 'NO'}")
+        calls = r["aten_calls_per_decode_step"]
+        lines.append(f"   ATen calls in one decode-step forward: ours {calls['ours']}, transformers "
+                     f"{calls.get('tf', 'n/a')}" + (f" ({calls['tf'] / calls['ours']:.2f}x ours)" if "tf" in calls else ""))
     c = result.get("costs")
     if c:
         lines += ["", f"== costs at E2B dimensions, relative to one 1-token decode ({c['decode_s'] * 1e3:.0f} ms, "

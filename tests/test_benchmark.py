@@ -15,7 +15,7 @@ import benchmark  # noqa: E402
 from _random_pair import assistant_config, target_config  # noqa: E402
 
 PAIR_KEYS = {"target", "assistant", "prompt_tokens", "new_tokens", "reps", "k", "transformers", "methods", "ratios",
-             "identical"}
+             "identical", "aten_calls_per_decode_step"}
 
 
 def tiny_e2b_like(vocab: int) -> tuple[dict, dict]:
@@ -47,6 +47,8 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
         assert 0 <= r["methods"]["ours_spec"]["acceptance_rate"] <= 1
         assert 0 <= r["methods"]["tf_assisted"]["acceptance_rate"] <= 1
         assert {"ours_plain/tf_plain", "ours_spec/tf_assisted"} <= set(r["ratios"])
+        calls = r["aten_calls_per_decode_step"]
+        assert set(calls) == {"ours", "tf"} and calls["ours"] > 0 and calls["tf"] > 0
     costs = result["costs"]
     assert set(costs["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}  # JSON keys
     assert set(costs["implied_speedup"]) == {"0.5", "0.7", "0.9"}
@@ -77,4 +79,5 @@ def test_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
     demo = result["demo"]
     assert set(demo["methods"]) == {"ours_plain", "ours_spec"} and demo["identical"] is True
     assert demo["transformers"].startswith("skipped") and demo["k"] == 2
+    assert set(demo["aten_calls_per_decode_step"]) == {"ours"}
     assert "n/a" in benchmark.table(result)
