@@ -93,6 +93,7 @@ def aten_calls(prepare: Callable[[], Callable[[], Any]]) -> int:
     per call, not by arithmetic: its time follows this count."""
     from torch.profiler import ProfilerActivity, profile
 
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the profiler would print its own start/stop lines
     prepare()()
     step = prepare()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
