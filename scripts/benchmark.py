@@ -345,12 +345,12 @@ def table(result: dict[str, Any]) -> str:
                   f"   bound                                  {b['bound_tokens_per_s']:.2f} tokens/s",
                   f"   decode step                            {b['decode_step_tokens_per_s']:.2f} tokens/s = "
                   f"{b['fraction_decode_step']:.0%} of the bound",
-                  *[f"   {label:<39}{fmt(b[f'{name}_tokens_per_s'])} tokens/s = "
-                    f"{fmt(b[f'fraction_{name}'] and 100 * b[f'fraction_{name}'], '.0f')}% of the bound"
+                  *[f"   {label:<39}{b[f'{name}_tokens_per_s']:.2f} tokens/s = {b[f'fraction_{name}']:.0%} of the bound"
                     for name, label in (("ours_plain", "ours, plain generate (e2b section)"),
-                                        ("tf_plain", "transformers generate (e2b section)"))],
-                  f"   so no float32 decoder here beats transformers generate by more than "
-                  f"{fmt(b['ceiling_over_tf_plain'])}x",
+                                        ("tf_plain", "transformers generate (e2b section)"))
+                    if b[f"{name}_tokens_per_s"] is not None],
+                  *([f"   so no float32 decoder here beats transformers generate by more than "
+                     f"{b['ceiling_over_tf_plain']:.2f}x"] if b["ceiling_over_tf_plain"] is not None else []),
                   f"   linear() on the largest weight {tuple(b['linear_weight_shape'])}, by rows multiplied: "
                   + ", ".join(f"{m}: {v / 1e9:.1f} GB/s ({b['linear_rows_slowdown'][m]:.2f}x the time of 1)"
                               for m, v in b["linear_bytes_per_s_by_rows"].items())]
