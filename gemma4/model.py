@@ -60,9 +60,9 @@ ONEDNN_MIN_WEIGHT = 1 << 20  # elements (4 MiB in fp32): below this its per-call
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (..., in) @ weight (out, in).T -> (..., out): a decode step multiplies 1 row, a verify K+1.
 
-    Large float32 weights in CPU inference go to oneDNN, not F.linear's MKL GEMM, which is 2-4x slower
-    for 2-9 rows than for 1 (oneDNN: 1.4-1.9x) on the AMD EPYC of scripts/benchmark.py. Same fp32 sums
-    in another order (~1e-6 relative). Autograd, other dtypes and devices, small weights: F.linear.
+    Large float32 weights in CPU inference go to oneDNN, not F.linear's MKL GEMM, which takes ~4x as long
+    for 5 rows as for 1 (oneDNN 1.4-2.3x; scripts/benchmark.py prints it). Same fp32 sums in another
+    order (~1e-6 relative). Autograd, other dtypes and devices, and small weights use F.linear.
     """
     if (weight.numel() >= ONEDNN_MIN_WEIGHT and ONEDNN and weight.dtype == x.dtype == torch.float32
             and x.device.type == "cpu" and not torch.is_grad_enabled()):
