@@ -44,8 +44,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     dtype = wide(x.dtype)
     xf = x if x.dtype == dtype else x.to(dtype)
     squares = (xf * xf).sum(dim=-1, keepdim=True)  # (..., 1)
-    inv_rms = torch.add(eps_tensor(eps, dtype, x.device), squares, alpha=1 / x.shape[-1]).rsqrt_()
-    out = xf * inv_rms
+    inv_rms = torch.add(eps_tensor(eps, dtype, x.device), squares, alpha=1 / x.shape[-1]).rsqrt_()  # (..., 1)
+    out = xf * inv_rms  # (..., n)
     if weight is not None:
         out = out * (weight if weight.dtype == dtype else weight.to(dtype))  # in fp32, then one rounding
     return out if out.dtype == x.dtype else out.to(x.dtype)

@@ -46,11 +46,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import torch  # noqa: E402
 
+from _benchmark_report import goals, table  # noqa: E402
 from _random_pair import e2b_configs, write_pair  # noqa: E402
 from _transformers_baseline import load_transformers, tf_decode_step, tf_generate  # noqa: E402
 from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
 from gemma4.config import read_json  # noqa: E402
-from gemma4.model import Gemma4Model, Linear, linear  # noqa: E402
+from gemma4.model import Gemma4Model, Linear, ModelOutput, linear  # noqa: E402
 from gemma4.tokenizer import Gemma4Tokenizer  # noqa: E402
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
 from mtp.speculative import target_kv  # noqa: E402
@@ -101,13 +102,19 @@ def aten_calls(prepare: Callable[[], Callable[[], Any]]) -> int:
     return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
 
 
+def prefilled(target: Gemma4Model, prompt: list[int], room: int) -> tuple[KVCache, ModelOutput]:
+    """A new cache holding the prompt's K/V with `room` more positions, and the prefill's output."""
+    cache = KVCache(target.config, len(prompt) + room)
+    with torch.inference_mode():
+        out = target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
+    cache.length = len(prompt)  # every timed forward writes at len(prompt).. and leaves the length there
+    return cache, out
+
+
 def our_decode_step(target: Gemma4Model, prompt: list[int]) -> Callable[[], Any]:
     """The prompt prefilled into a new cache, and the cached 1-token forward that follows it, as every
     step of greedy_generate runs it."""
-    cache = KVCache(target.config, len(prompt) + 1)
-    with torch.inference_mode():
-        target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
-    cache.length = len(prompt)
+    cache, _ = prefilled(target, prompt, 1)
     return torch.inference_mode()(lambda: target.run(torch.tensor([prompt[-1:]]), cache, len(prompt)))
 
 
@@ -158,9 +165,7 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
 def cost_section(target: Gemma4Model, drafter: Drafter, prompt: list[int], reps: int) -> dict[str, Any]:
     """Seconds of a 1-token decode, (K+1)-token verifies and K-step draft rounds at the same position."""
     p = len(prompt)
-    cache = KVCache(target.config, p + MAX_K + 1)
-    out = target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
-    cache.length = p  # every timed forward writes at p.. and leaves the length at p
+    cache, out = prefilled(target, prompt, MAX_K + 1)
     token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, p)
     runs: dict[str, Callable[[], Any]] = {"decode": lambda: target.run(torch.tensor([[token]]), cache, p)}
     for k in range(1, MAX_K + 1):
@@ -201,9 +206,7 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     the bound, transformers' figure caps the speedup any float32 implementation can have over it here.
     """
     p = len(prompt)
-    cache = KVCache(target.config, p + 1)
-    target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
-    cache.length = p
+    cache, _ = prefilled(target, prompt, 1)
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
     weight = max((m.weight for m in target.modules() if isinstance(m, Linear)), key=torch.Tensor.numel)
@@ -274,103 +277,7 @@ def memory_section(model_dir: Path, dtype: str) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-# ---------------------------------------------------------------- goals, table, command line
-
-def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's numeric targets, each with the measured value and whether it was met."""
-    out = []
-
-    def goal(name: str, value: float | None, limit: float, at_least: bool) -> None:
-        met = None if value is None else (value >= limit if at_least else value <= limit)
-        out.append({"goal": name, "value": value, "limit": limit, "met": met})
-
-    for section in ("demo", "e2b"):
-        r = result.get(section)
-        if r:
-            goal(f"{section}: ours plain / transformers plain", r["ratios"].get("ours_plain/tf_plain"), 2.0, True)
-            goal(f"{section}: ours speculative / transformers assisted", r["ratios"].get("ours_spec/tf_assisted"),
-                 2.0, True)
-            goal(f"{section}: identical tokens (1 = yes)", float(r["identical"]), 1.0, True)
-    if result.get("costs"):
-        goal("e2b: draft step / decode step", result["costs"]["draft_step_over_decode"], 0.10, False)
-        goal("e2b: 5-token verify / 1-token decode", result["costs"]["verify_over_decode"][4], 1.5, False)
-    if result.get("bandwidth"):
-        goal("e2b: decode / memory-bandwidth bound", result["bandwidth"]["fraction_decode_step"], 0.5, True)
-    if result.get("memory"):
-        goal("loading peak / text weights (bf16)", result["memory"]["load_peak_over_text"], 1.15, False)
-    return out
-
-
-def fmt(x: float | None, spec: str = ".2f") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def table(result: dict[str, Any]) -> str:
-    lines = [f"machine: {result['machine']}"]
-    for section in ("demo", "e2b"):
-        r = result.get(section)
-        if not r:
-            continue
-        lines += ["", f"== {section}: {r['target']} + {r['assistant']}",
-                  f"   prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new, K = {r['k']}, "
-                  f"{r['reps']} timed reps; transformers {r['transformers']}",
-                  *([f"   {r['note']}"] if r.get("note") else []),
-                  f"   {'method':<32}{'tokens/s':>10}{'acceptance':>12}"]
-        names = {"ours_plain": "ours, plain greedy", "ours_spec": "ours, speculative",
-                 "tf_plain": "transformers generate", "tf_assisted": "transformers assisted generate"}
-        for name, label in names.items():
-            m = r["methods"].get(name)
-            rate = fmt(m and m["acceptance_rate"], ".3f") if name in ("ours_spec", "tf_assisted") else ""
-            lines.append(f"   {label:<32}{fmt(m and m['tokens_per_s'], '.1f'):>10}{rate:>12}")
-        lines += [f"   ratio {k:<26}{v:>10.2f}x" for k, v in r["ratios"].items()]
-        lines.append(f"   identical tokens (all four)     {'yes' if r['identical'] else 'NO'}")
-        calls = r["aten_calls_per_decode_step"]
-        lines.append(f"   ATen calls in one decode-step forward: ours {calls['ours']}, transformers "
-                     f"{calls.get('tf', 'n/a')}" + (f" ({calls['tf'] / calls['ours']:.2f}x ours)" if "tf" in calls else ""))
-    c = result.get("costs")
-    if c:
-        lines += ["", f"== costs at E2B dimensions, relative to one 1-token decode ({c['decode_s'] * 1e3:.0f} ms, "
-                      f"context {c['context']})",
-                  "   K                    " + "".join(f"{k:>7}" for k in range(1, MAX_K + 1)),
-                  "   (K+1)-token verify   " + "".join(f"{v:>7.2f}" for v in c["verify_over_decode"].values()),
-                  "   K-step draft round   " + "".join(f"{v:>7.3f}" for v in c["draft_round_over_decode"].values())]
-        for alpha, s in c["implied_speedup"].items():
-            lines.append(f"   implied speedup a={alpha}" + "".join(f"{v:>7.2f}" for v in s["by_k"].values())
-                         + f"   best K = {s['best_k']}: {s['speedup']:.2f}x")
-    b = result.get("bandwidth")
-    if b:
-        lines += ["", "== decode against the memory-bandwidth bound (E2B dimensions, float32)",
-                  f"   copy bandwidth (read + write, {b['copy_mib']} MiB)   {b['copy_bytes_per_s'] / 1e9:.1f} GB/s",
-                  f"   weights read per decode token          {b['bytes_per_token'] / 1e9:.2f} GB",
-                  f"   bound                                  {b['bound_tokens_per_s']:.2f} tokens/s",
-                  f"   decode step                            {b['decode_step_tokens_per_s']:.2f} tokens/s = "
-                  f"{b['fraction_decode_step']:.0%} of the bound",
-                  *[f"   {label:<39}{b[f'{name}_tokens_per_s']:.2f} tokens/s = {b[f'fraction_{name}']:.0%} of the bound"
-                    for name, label in (("ours_plain", "ours, plain generate (e2b section)"),
-                                        ("tf_plain", "transformers generate (e2b section)"))
-                    if b[f"{name}_tokens_per_s"] is not None],
-                  *([f"   so no float32 decoder here beats transformers generate by more than "
-                     f"{b['ceiling_over_tf_plain']:.2f}x"] if b["ceiling_over_tf_plain"] is not None else []),
-                  f"   linear() on the largest weight {tuple(b['linear_weight_shape'])}, by rows multiplied: "
-                  + ", ".join(f"{m}: {v / 1e9:.1f} GB/s ({b['linear_rows_slowdown'][m]:.2f}x the time of 1)"
-                              for m, v in b["linear_bytes_per_s_by_rows"].items())]
-    for key in ("memory", "memory_float32"):
-        m = result.get(key)
-        if m:
-            lines += ["", f"== loading memory: the bfloat16 E2B-dimension file, load_target(dtype={m['dtype']}) in a "
-                          f"fresh process; text weights as loaded {m['text_weights_mib']:.0f} MiB",
-                      f"   peak RSS while loading, over baseline   {m['load_peak_over_text']:.2f}x the text weights "
-                      f"(after loading: private {m['after_load']['RssAnon'] - m['baseline']['RssAnon']:.0f} MiB, "
-                      f"mapped file {m['after_load']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)",
-                      f"   peak RSS in a first forward             {m['forward_peak_over_text']:.2f}x "
-                      f"(mapped file pages then resident: "
-                      f"{m['after_forward']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)"]
-    lines += ["", "== targets"]
-    for g in result["goals"]:
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
-        lines.append(f"   {g['goal']:<52}{fmt(g['value'], '.3f'):>8}  (limit {g['limit']})  {verdict}")
-    return "\n".join(lines)
-
+# ---------------------------------------------------------------- command line
 
 def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
          e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool) -> dict:
