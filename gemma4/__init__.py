@@ -2,11 +2,12 @@
 
 from gemma4.cache import KVCache
 from gemma4.config import ConfigError, TextConfig, load_config
-from gemma4.generate import greedy_generate, reference_greedy
+from gemma4.generate import greedy_generate, reference_greedy, sample_generate
 from gemma4.model import Gemma4Model, ModelOutput
+from gemma4.sampling import SamplerConfig
 from gemma4.weights import CheckpointError, load_target
 
 __all__ = [
-    "CheckpointError", "ConfigError", "Gemma4Model", "KVCache", "ModelOutput", "TextConfig",
-    "greedy_generate", "load_config", "load_target", "reference_greedy",
+    "CheckpointError", "ConfigError", "Gemma4Model", "KVCache", "ModelOutput", "SamplerConfig", "TextConfig",
+    "greedy_generate", "load_config", "load_target", "reference_greedy", "sample_generate",
 ]

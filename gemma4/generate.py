@@ -1,6 +1,8 @@
-"""Plain greedy decoding with the KV cache, and a cache-free reference decoder for tests.
+"""Plain decoding with the KV cache (greedy and sampling), and a cache-free reference decoder for tests.
 
 Greedy is an explicit argmax (first index of the maximum on ties) of the softcapped logits.
+Sampling warps the same logits and draws the token at position n with noise keyed by (seed, n)
+(gemma4/sampling.py); the first token after the prefill is sampled like every other.
 The loop owns the position: it passes `start_pos` to every forward and moves `cache.length`.
 """
 
@@ -10,6 +12,10 @@ import torch
 
 from gemma4.cache import KVCache
 from gemma4.model import Gemma4Model
+from gemma4.sampling import TARGET, SamplerConfig, keyed_sample, warp
+
+# Chooses the token at absolute position n from the logits (1, V) of position n - 1.
+Chooser = Callable[[torch.Tensor, int], int]
 
 
 def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
@@ -28,13 +34,22 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
         )
 
 
+def greedy_choice(logits: torch.Tensor, position: int) -> int:
+    return int(logits[0].argmax())
+
+
+def sampler_choice(sampler: SamplerConfig) -> Chooser:
+    def choose(logits: torch.Tensor, position: int) -> int:
+        return keyed_sample(warp(logits, sampler), sampler.seed, TARGET, [position])[0]
+    return choose
+
+
 @torch.inference_mode()
-def greedy_generate(
-    model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: list[int] | tuple[int, ...] = (),
-    on_token: Callable[[int], None] | None = None,
+def decode(
+    model: Gemma4Model, prompt: list[int], max_new_tokens: int, choose: Chooser,
+    stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
 ) -> list[int]:
-    """New tokens, ending with the first stop id (kept) or after max_new_tokens.
-    `on_token` sees each token as it is chosen (for streaming)."""
+    """The plain cached loop: prefill, then one forward per token; `choose` picks each token."""
     check_prompt(model, prompt, max_new_tokens)
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     context = model.config.max_position_embeddings
@@ -44,7 +59,7 @@ def greedy_generate(
     cache.length = len(prompt)
     new: list[int] = []
     while True:
-        token = int(out.logits[0, -1].argmax())
+        token = choose(out.logits[0, -1:], cache.length)  # the token at position cache.length
         new.append(token)
         if on_token:
             on_token(token)
@@ -52,6 +67,25 @@ def greedy_generate(
             return new
         out = model.run(torch.tensor([[token]], device=device), cache, start_pos=cache.length)
         cache.length += 1
+
+
+def greedy_generate(
+    model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: list[int] | tuple[int, ...] = (),
+    on_token: Callable[[int], None] | None = None,
+) -> list[int]:
+    """New tokens, ending with the first stop id (kept) or after max_new_tokens.
+    `on_token` sees each token as it is chosen (for streaming)."""
+    return decode(model, prompt, max_new_tokens, greedy_choice, stop_ids, on_token)
+
+
+def sample_generate(
+    model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig,
+    stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
+) -> list[int]:
+    """Like greedy_generate, each token drawn from the warped distribution with keyed noise:
+    the same seed gives the same tokens. Temperature 0 is greedy_generate itself."""
+    choose = greedy_choice if sampler.greedy else sampler_choice(sampler)
+    return decode(model, prompt, max_new_tokens, choose, stop_ids, on_token)
 
 
 @torch.inference_mode()
