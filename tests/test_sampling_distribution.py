@@ -87,21 +87,11 @@ def raw_q_spy(drafter, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(drafter, "step", spy)
 
 
-def ratio_test(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
-    """The rejection rule with the q it is given (the product's accept_rejection, spelled out again)."""
-    p = warp(logits, sampler)
-    for i, d in enumerate(drafts):
-        u = keyed_uniform(sampler.seed, UNIFORM, t + 1 + i)
-        if not u * float(q[i, d]) < float(p[i, d]):
-            residual = (p[i] - q[i]).clamp(min=0)
-            return i, keyed_sample((residual / residual.sum())[None], sampler.seed, TARGET, [t + 1 + i])[0]
-    return len(drafts), keyed_sample(p[-1:], sampler.seed, TARGET, [t + 1 + len(drafts)])[0]
-
-
 def keyed_transformers(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
-    """Argmax drafts, but the ratio test against the raw q, as transformers 5.22.2 does."""
-    return ratio_test(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t) if drafts else \
-        CORRECT_KEYED(drafts, logits, sampler, t)
+    """Argmax drafts, but the ratio test (and residual) against the raw q, as transformers 5.22.2 does."""
+    if not drafts:  # the prefill's first token: no test to run
+        return CORRECT_KEYED(drafts, logits, sampler, t)
+    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)  # q: (K, V)
 
 
 def keyed_wrong_bonus(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
@@ -121,7 +111,8 @@ def keyed_no_zeroing(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
 
 
 def rejection_transformers(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
-    return ratio_test(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)
+    """Sampled drafts, but the raw q in the ratio test and the residual instead of the warped one."""
+    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)
 
 
 def rejection_wrong_bonus(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
