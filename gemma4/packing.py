@@ -4,10 +4,10 @@ Facts a reader must know:
 - A decode step multiplies every weight by 1 row, a verify of K drafts by K + 1. On a CPU both are bound
   by reading the weight from memory, but `F.linear` (MKL, or oneDNN fed a dense weight) re-lays the
   weight out on every call and takes a slower kernel for 2-9 rows: on the 2-core development machine a
-  (12288, 1536) float32 weight streams at ~14 GB/s for 1 row and ~5.5 GB/s for 5.
+  (12288, 1536) float32 weight streams at ~14.5 GB/s for 1 row and ~6.5 GB/s for 5.
 - oneDNN can lay a weight out once, in its own blocked layout (`_reorder_linear_weight`), and multiply
   by it with `_linear_pointwise`: the pair torch.compile's CPU backend emits for a linear layer. The
-  same weight then streams at ~22 GB/s for 1 row and ~17 GB/s for 5 (scripts/benchmark.py prints both).
+  same weight then streams at ~22 GB/s for 1 row and ~14 GB/s for 5 (scripts/benchmark.py prints both).
   Same sums in another order: ~1e-6 relative in float32.
 - A packed copy is an opaque oneDNN tensor: no views, no autograd, no state_dict. So it lives beside
   the parameter as a plain attribute (`Linear.packed`, and the models' tied heads), and the parameter
