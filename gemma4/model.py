@@ -23,6 +23,7 @@ from torch import nn
 
 from gemma4.cache import KVCache
 from gemma4.config import FULL, SLIDING, RopeConfig, TextConfig
+from gemma4.packing import Linear, Packed, linear
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:
@@ -51,39 +52,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
-# oneDNN's matmul for large float32 weights in CPU inference, see `linear`. `_linear_pointwise` is the op
-# torch.compile's CPU backend emits for a linear layer; a build without it simply uses F.linear.
-ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-ONEDNN_MIN_WEIGHT = 1 << 20  # elements (4 MiB in fp32): below this its per-call overhead outweighs the gain
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (..., in) @ weight (out, in).T -> (..., out): a decode step multiplies 1 row, a verify K+1.
-
-    Large float32 weights in CPU inference go to oneDNN, not F.linear's MKL GEMM, which takes ~4x as long
-    for 5 rows as for 1 (oneDNN 1.4-2.3x; scripts/benchmark.py prints it). Same fp32 sums in another
-    order (~1e-6 relative). Autograd, other dtypes and devices, and small weights use F.linear.
-    """
-    if (weight.numel() >= ONEDNN_MIN_WEIGHT and ONEDNN and weight.dtype == x.dtype == torch.float32
-            and x.device.type == "cpu" and not torch.is_grad_enabled()):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-    return F.linear(x, weight)
-
-
-# The two leaf modules below are called ~400 times per decoded token, so directly: nn.Module.__call__
-# (hook dispatch) costs ≈ 2 µs a call. Hooks on them would not run; on layers and larger modules they do.
-
-class Linear(nn.Linear):
-    """All of Gemma 4's projections: no bias (`attention_bias` is false in every release)."""
-
-    def __init__(self, in_features: int, out_features: int) -> None:
-        super().__init__(in_features, out_features, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight)
-
-    __call__ = forward  # no hook dispatch, see above
-
+# RMSNorm is called ~170 times per decoded token, so directly, as Linear is (gemma4/packing.py):
+# nn.Module.__call__ (hook dispatch) costs ≈ 2 µs a call. Hooks on it would not run.
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -330,6 +300,7 @@ class Gemma4Model(nn.Module):
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))
             self.per_layer_model_projection = Linear(e, lp)
             self.per_layer_projection_norm = RMSNorm(config.ple_dim, config.rms_norm_eps)
+        self.head_packed: Packed | None = None  # the tied head's own packed copy (weights.pack_weights)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp §4)."""
@@ -393,7 +364,7 @@ class Gemma4Model(nn.Module):
                 source_kv[layer.kind] = kv  # after the loop: exactly kv_source(kind)'s K/V
         hidden = self.norm(h)  # (B, T, E)
         n = t if num_logits is None else num_logits
-        logits = linear(hidden[:, t - n:], self.embed_tokens.weight)  # tied head, unscaled; (B, n, V)
+        logits = linear(hidden[:, t - n:], self.embed_tokens.weight, self.head_packed)  # tied head, unscaled; (B, n, V)
         if c.final_logit_softcapping:
             cap = c.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap

@@ -13,6 +13,9 @@ Facts a reader must know (spec gemma4.md §3):
   it keeps the file's dtype and stays memory-mapped; rows are cast when looked up (a cast commutes with
   a row lookup, so the numbers are the same). A bfloat16 E2B run in float32 so skips a 9.4 GB copy.
 - Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
+- On the CPU the loaders then pack every large projection and the tied head once for oneDNN
+  (gemma4/packing.py), each read through a mapping of its own so that the packed copy replaces the
+  file's pages in resident memory instead of doubling them (`pack_weights`). `pack=False` skips it.
 """
 
 import json
@@ -21,9 +24,11 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch import nn
 
 from gemma4.config import ConfigError, TextConfig, read_json, text_config_from_dict, text_fields
 from gemma4.model import Gemma4Model
+from gemma4.packing import MIN_ELEMENTS, Linear, Packed, pack, packable
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -209,10 +214,51 @@ def read_state_dict(
     return state
 
 
+def pack_weights(
+    model: nn.Module, model_dir: Path, prefix: str, head: str | None, min_elements: int = MIN_ELEMENTS,
+) -> Packed | None:
+    """Packs, in place, the weight of every `Linear` of `model` that `packable` accepts; and returns the
+    packed copy of the tied head `head` (a key of `model`), which the model keeps as its own attribute.
+
+    Memory: a weight loaded as a view of the file is left unread and its packed copy is made from the
+    same tensor read through a mapping of its own, gone once packed: pages a mapping has read stay
+    resident as long as it lives, and the model's views keep theirs alive. So resident memory holds the
+    packed copy alone, not the copy and the file's pages. A weight the loader cast (a bfloat16 file run in
+    float32) is a private copy: it is packed, then replaced by the file's view in the file's dtype (unread;
+    `linear`'s plain fallback casts it per call), so again one copy stays. The tied head cannot be
+    replaced (the embedding reads its rows in the model's dtype): a cast head keeps both.
+    """
+    index = checkpoint_index(model_dir)
+    handles = {}  # file -> the mapping the replacing views keep alive
+    owners: dict[str, Linear | None] = {name + ".weight": m for name, m in model.named_modules() if isinstance(m, Linear)}
+    if head is not None:
+        owners[head] = None
+    head_packed = None
+    for key, owner in owners.items():
+        weight = model.get_parameter(key)  # one at a time: a replaced cast is freed before the next is packed
+        if not packable(weight, min_elements):
+            continue
+        file, name = index[prefix + key], prefix + key
+        stored = _read(_open(file), file, name)  # a mapping of its own: unmapped with `stored`
+        cast = stored.dtype != weight.dtype
+        packed = pack(weight, stored.to(weight.dtype))
+        del stored
+        if owner is None:
+            head_packed = packed
+            continue
+        if cast:
+            handle = handles.setdefault(file, _open(file))
+            owner.weight = nn.Parameter(_read(handle, file, name), requires_grad=False)  # nothing read yet
+            packed = Packed(packed.blocked, owner.weight)
+        owner.packed = packed
+    return head_packed
+
+
 def load_target(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", pack: bool = True,
 ) -> Gemma4Model:
-    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients."""
+    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients; on the CPU
+    with packed weights (`pack_weights`) unless `pack=False`."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -230,7 +276,11 @@ def load_target(
     with torch.device("meta"):
         model = Gemma4Model(config)
     model.load_state_dict(state, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
+    del state  # the model holds every tensor now; a cast that packing replaces must not live on here
+    model.eval().requires_grad_(False)
+    if pack:
+        model.head_packed = pack_weights(model, model_dir, prefix, "embed_tokens.weight")
+    return model
 
 
-__all__ = ["CheckpointError", "ConfigError", "load_target", "read_state_dict", "resolve_model_dir"]
+__all__ = ["CheckpointError", "ConfigError", "load_target", "pack_weights", "read_state_dict", "resolve_model_dir"]

@@ -23,11 +23,13 @@ from torch import nn
 
 from gemma4.config import FULL, SLIDING, ConfigError, TextConfig, read_json, text_config_from_dict
 from gemma4.model import (
-    DecoderLayer, Gemma4Model, LayerInputs, Linear, RMSNorm, additive_mask, attention_mask, linear, rope_cos_sin,
-    rope_frequencies,
+    DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, additive_mask, attention_mask, rope_cos_sin, rope_frequencies,
 )
+from gemma4.packing import Linear, Packed, linear
 from gemma4.sampling import DRAFT, SamplerConfig, keyed_sample, warp
-from gemma4.weights import CheckpointError, read_state_dict, resolve_model_dir, target_ignored, target_weight_table
+from gemma4.weights import (
+    CheckpointError, pack_weights, read_state_dict, resolve_model_dir, target_ignored, target_weight_table,
+)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class Drafter(nn.Module):
         self.model = DrafterBody(cfg.text)
         if cfg.use_ordered_embeddings:
             self.masked_embedding = CentroidHead(cfg)
+        self.head_packed: Packed | None = None  # the dense head's packed copy (weights.pack_weights)
 
     def layer_inputs(self, positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> dict[str, LayerInputs]:
         """RoPE at the query positions (T,) and masks over the target's keys 0..num_keys-1.
@@ -154,13 +157,15 @@ class Drafter(nn.Module):
     def logits(self, hn: torch.Tensor, filler: float | None = None) -> torch.Tensor:
         """(B, D) -> (B, V). No softcap on the drafter. `filler`: see CentroidHead.logits."""
         head = self.model.embed_tokens.weight  # (V, D)
-        return self.masked_embedding.logits(hn, head, filler) if hasattr(self, "masked_embedding") else linear(hn, head)
+        if hasattr(self, "masked_embedding"):
+            return self.masked_embedding.logits(hn, head, filler)
+        return linear(hn, head, self.head_packed)
 
     def greedy_token(self, hn: torch.Tensor) -> torch.Tensor:
         """(B, D) -> (B,) the proposed token, without a full-vocabulary tensor on the centroid head."""
         if hasattr(self, "masked_embedding"):
             return self.masked_embedding.greedy(hn, self.model.embed_tokens.weight)
-        return linear(hn, self.model.embed_tokens.weight).argmax(dim=-1)
+        return linear(hn, self.model.embed_tokens.weight, self.head_packed).argmax(dim=-1)
 
     def draft(
         self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
@@ -233,8 +238,11 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
             fail(f"its layer {i} expects (kv heads, head dim) {mine}, target layer {src} has {theirs}")
 
 
-def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Drafter:
-    """The assistant of a local directory or Hub id, in eval mode, without gradients."""
+def load_drafter(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", pack: bool = True,
+) -> Drafter:
+    """The assistant of a local directory or Hub id, in eval mode, without gradients; on the CPU with packed
+    weights unless `pack=False` (gemma4/weights.py `pack_weights`; a centroid head gathers rows: no copy)."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -244,4 +252,9 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32, device: t
     with torch.device("meta"):
         drafter = Drafter(cfg)
     drafter.load_state_dict(state, strict=True, assign=True)
-    return drafter.eval().requires_grad_(False)
+    del state  # see load_target
+    drafter.eval().requires_grad_(False)
+    if pack:
+        head = None if cfg.use_ordered_embeddings else "model.embed_tokens.weight"
+        drafter.head_packed = pack_weights(drafter, model_dir, "", head)
+    return drafter

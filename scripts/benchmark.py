@@ -14,12 +14,17 @@ Sections (`--only a,b`):
   decode, K = 1..8, and the speedup they imply at acceptance rates 0.5 / 0.7 / 0.9 (i.i.d. acceptance
   α: a round of K drafts commits (1 - α^(K+1)) / (1 - α) tokens on average; Leviathan et al. 2023).
 - `bandwidth`: decode tokens/s at E2B dimensions against the memory-bandwidth bound: bytes of weights a
-  decode step reads over the bandwidth of a large tensor copy (bytes read + written). Ours and
-  transformers' plain generate are both set against it: bound / transformers' tokens/s is the most any
-  float32 decoder could gain over it on this machine. And how fast `linear` streams the largest weight
-  for 1, 2, 5 and 9 rows: what a (K+1)-token verify costs in the matrix products alone.
-- `memory`: peak resident memory of `load_target` on a bfloat16 E2B-sized checkpoint, in a fresh process,
-  loaded as bfloat16 (memory-mapped, nothing copied) and, for comparison, as float32 (every weight cast).
+  decode step reads over the bandwidth of a large tensor copy (bytes read + written; the best of the
+  copies taken in turns with the decode steps, since a copy slowed by a neighbour would flatter the
+  ratio). Ours and transformers' plain generate are both set against it: bound / transformers'
+  tokens/s is the most any float32 decoder could gain over it on this machine. And how fast `linear`
+  streams the largest weight for 1, 2, 5 and 9 rows, plain and packed (gemma4/packing.py): what a
+  (K+1)-token verify costs in the matrix products alone.
+- `bf16`: `costs` and `bandwidth` again in bfloat16, on a random pair with E2B's full 262144-token
+  vocabulary (≈ 9.5 GB written once; memory-mapped, only the rows a step reads of its PLE table resident).
+- `memory`: peak resident memory of `load_target` (packing included) in a fresh process, during loading
+  and after a first forward: the bfloat16 E2B-sized checkpoint loaded as bfloat16 (memory-mapped) and as
+  float32 (every weight cast), and the float32 one as float32.
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every
 method once, the order reversed on every other repetition, after one untimed warm-up; tokens/s is taken
@@ -51,15 +56,17 @@ from _random_pair import e2b_configs, write_pair  # noqa: E402
 from _transformers_baseline import load_transformers, tf_decode_step, tf_generate  # noqa: E402
 from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
 from gemma4.config import read_json  # noqa: E402
-from gemma4.model import Gemma4Model, Linear, ModelOutput, linear  # noqa: E402
+from gemma4.model import Gemma4Model, ModelOutput  # noqa: E402
+from gemma4.packing import Linear, linear  # noqa: E402
 from gemma4.tokenizer import Gemma4Tokenizer  # noqa: E402
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
 from mtp.speculative import target_kv  # noqa: E402
 
-SECTIONS = ("demo", "e2b", "costs", "bandwidth", "memory")
+SECTIONS = ("demo", "e2b", "costs", "bandwidth", "bf16", "memory")
 DEMO = REPO / "scripts" / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
+FULL_VOCAB = 262144  # the bf16 section's: in bfloat16 the real vocabulary fits
 ALPHAS = (0.5, 0.7, 0.9)
 MAX_K = 8
 
@@ -104,7 +111,7 @@ def aten_calls(prepare: Callable[[], Callable[[], Any]]) -> int:
 
 def prefilled(target: Gemma4Model, prompt: list[int], room: int) -> tuple[KVCache, ModelOutput]:
     """A new cache holding the prompt's K/V with `room` more positions, and the prefill's output."""
-    cache = KVCache(target.config, len(prompt) + room)
+    cache = KVCache(target.config, len(prompt) + room, dtype=target.embed_tokens.weight.dtype)
     with torch.inference_mode():
         out = target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
     cache.length = len(prompt)  # every timed forward writes at len(prompt).. and leaves the length there
@@ -200,7 +207,8 @@ ROWS = (1, 2, 5, 9)  # a decode step multiplies 1 row, a verify of K drafts K + 
 def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: int,
                       plain: dict[str, float | None]) -> dict[str, Any]:
     """A decode step against `dst.copy_(src)` on `mib` MiB (bytes read + written), measured in turns;
-    and how fast `linear` streams the largest weight when it multiplies 1, 2, 5 or 9 rows.
+    and how fast `linear` streams the largest weight when it multiplies 1, 2, 5 or 9 rows, plain
+    (F.linear) and through its packed copy (if the loader made one).
 
     `plain` holds the plain-generate tokens/s of the e2b section, ours and transformers': set against
     the bound, transformers' figure caps the speedup any float32 implementation can have over it here.
@@ -209,21 +217,30 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     cache, _ = prefilled(target, prompt, 1)
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
-    weight = max((m.weight for m in target.modules() if isinstance(m, Linear)), key=torch.Tensor.numel)
+    big = max((m for m in target.modules() if isinstance(m, Linear)), key=lambda m: m.weight.numel())
+    weight = big.weight
     runs: dict[str, Callable[[], Any]] = {
         "decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, p), "copy": lambda: dst.copy_(src)}
-    runs |= {f"rows{m}": lambda m=m: linear(torch.ones(1, m, weight.shape[1]), weight) for m in ROWS}
+    ways = {"plain": None} | ({"packed": big.packed} if big.packed is not None else {})
+    x = {m: torch.ones(1, m, weight.shape[1], dtype=target.embed_tokens.weight.dtype) for m in ROWS}
+    for way, packed in ways.items():
+        runs |= {f"{way}{m}": lambda m=m, packed=packed: linear(x[m], weight, packed) for m in ROWS}
     s, _ = interleaved(runs, reps, warm_up=runs)
     per_token = decode_bytes(target)
-    # Per repetition: (bytes a step reads / its seconds) / copy bandwidth = decode tokens/s / the bound.
-    fraction = statistics.median((per_token / d) / (2 * src.nbytes / c) for d, c in zip(s["decode"], s["copy"]))
-    bandwidth = 2 * src.nbytes / statistics.median(s["copy"])
+    # The bound's bandwidth is the best copy: a copy that a neighbour slowed down would flatter the ratio.
+    bandwidth = 2 * src.nbytes / min(s["copy"])
     bound = bandwidth / per_token
-    rows = {m: weight.nbytes / statistics.median(s[f"rows{m}"]) for m in ROWS}
-    out = {"copy_bytes_per_s": bandwidth, "copy_mib": mib, "bytes_per_token": per_token, "bound_tokens_per_s": bound,
-           "decode_step_tokens_per_s": 1 / statistics.median(s["decode"]), "fraction_decode_step": fraction,
-           "linear_weight_shape": list(weight.shape), "linear_bytes_per_s_by_rows": rows,
-           "linear_rows_slowdown": {m: median_ratio(s[f"rows{m}"], s["rows1"]) for m in ROWS}}
+    weight_bytes = weight.numel() * x[1].element_size()  # as multiplied (a packed copy may be in another dtype)
+    out = {"dtype": str(x[1].dtype).removeprefix("torch."), "copy_bytes_per_s": bandwidth, "copy_mib": mib,
+           "bytes_per_token": per_token, "bound_tokens_per_s": bound,
+           "decode_step_tokens_per_s": 1 / statistics.median(s["decode"]),
+           "fraction_decode_step": 1 / statistics.median(s["decode"]) / bound,
+           "fraction_best_decode_step": 1 / min(s["decode"]) / bound,
+           "linear_weight_shape": list(weight.shape),
+           "linear_bytes_per_s_by_rows": {way: {m: weight_bytes / statistics.median(s[f"{way}{m}"]) for m in ROWS}
+                                          for way in ways},
+           "linear_rows_slowdown": {way: {m: median_ratio(s[f"{way}{m}"], s[f"{way}1"]) for m in ROWS}
+                                    for way in ways}}
     for name in ("ours_plain", "tf_plain"):
         tokens_per_s = plain.get(name)
         out[f"{name}_tokens_per_s"] = tokens_per_s
@@ -253,9 +270,13 @@ def memory_child(model_dir: Path, dtype: str) -> dict[str, Any]:
     """Runs in a fresh process: resident memory before, at the peak of loading, and after one forward."""
     base = status_mib()
     separate = reset_peak()
-    model = load_target(model_dir, dtype=getattr(torch, dtype))
+    model = load_target(model_dir, dtype=getattr(torch, dtype))  # packed where gemma4/packing.py says so
     loaded = status_mib()
-    text_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    # The weights as loaded: in the model's dtype, but the PLE table in the file's (weights.py). A packed
+    # weight's parameter may be the file's view in the file's dtype: its packed copy is what is held.
+    ple = getattr(model, "embed_tokens_per_layer", None)
+    text_mib = sum(p.numel() * (p.element_size() if ple is not None and p is ple.weight else getattr(torch, dtype).itemsize)
+                   for p in model.parameters()) / 2**20
     if separate:
         reset_peak()
     with torch.inference_mode():
@@ -311,13 +332,23 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
             say("bandwidth: decode steps and tensor copies in turns")
             methods = result.get("e2b", {}).get("methods", {})
             plain = {name: methods.get(name, {}).get("tokens_per_s") for name in ("ours_plain", "tf_plain")}
-            result["bandwidth"] = bandwidth_section(e2b_target, prompt, reps, copy_mib, plain)  # a step: ≈ 0.5 s
+            result["bandwidth"] = bandwidth_section(e2b_target, prompt, reps, copy_mib, plain)  # a step: ≈ 0.4 s
         del e2b_target, e2b_drafter
+    if "bf16" in sections:
+        say(f"bf16: writing or reusing the full-vocabulary bfloat16 pair under {e2b_dir / 'bfloat16-full'}")
+        t_dir, a_dir = write_pair(e2b_dir / "bfloat16-full", *e2b_configs(FULL_VOCAB), torch.bfloat16)
+        target, drafter = load_target(t_dir, dtype=torch.bfloat16), load_drafter(a_dir, dtype=torch.bfloat16)
+        prompt = random_prompt(t_dir, 16)
+        result["bf16"] = {"costs": cost_section(target, drafter, prompt, e2b_reps),
+                          "bandwidth": bandwidth_section(target, prompt, e2b_reps, copy_mib, {})}
+        del target, drafter
     if "memory" in sections:
-        say(f"memory: writing or reusing the bfloat16 E2B-dimension checkpoint under {e2b_dir / 'bfloat16'}")
+        say(f"memory: writing or reusing the E2B-dimension checkpoints under {e2b_dir}")
         t_dir, _ = write_pair(e2b_dir / "bfloat16", *e2b_configs(E2B_VOCAB), torch.bfloat16)
         result["memory"] = memory_section(t_dir, "bfloat16")  # the target: loaded as stored
-        result["memory_float32"] = memory_section(t_dir, "float32")  # for comparison: every weight cast
+        result["memory_float32"] = memory_section(t_dir, "float32")  # every weight cast, then packed
+        t_dir, _ = write_pair(e2b_dir / "float32", *e2b_configs(E2B_VOCAB), torch.float32)
+        result["memory_float32_file"] = memory_section(t_dir, "float32")  # views, then packed
     result["goals"] = goals(result)
     return result
 
@@ -343,10 +374,10 @@ if __name__ == "__main__":
     p.add_argument("--tokens", type=int, default=64, help="new tokens per run in the demo section")
     p.add_argument("--e2b-tokens", type=int, default=16, help="new tokens per run in the e2b section")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions: demo, bandwidth")
-    p.add_argument("--e2b-reps", type=int, default=3, help="timed repetitions: e2b, costs")
+    p.add_argument("--e2b-reps", type=int, default=3, help="timed repetitions: e2b, costs, bf16")
     p.add_argument("-k", type=int, default=None, help="drafts per round (default: the assistant's, else 4)")
     p.add_argument("--e2b-dir", type=Path, default=Path(tempfile.gettempdir()) / "gemma4-mtp-benchmark",
-                   help="where the random E2B-dimension checkpoints are written once (≈ 9 + 4.5 GB)")
+                   help="where the random E2B-dimension checkpoints are written once (≈ 9 + 4.5 + 9.5 GB)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, for every method alike")
     p.add_argument("--copy-mib", type=int, default=1024, help="size of the bandwidth probe")
     p.add_argument("--no-transformers", action="store_true", help="leave the transformers columns empty")

@@ -58,18 +58,27 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
     assert band["ours_plain_tokens_per_s"] == result["e2b"]["methods"]["ours_plain"]["tokens_per_s"]
     tf_plain = result["e2b"]["methods"]["tf_plain"]["tokens_per_s"]
     assert band["ceiling_over_tf_plain"] == pytest.approx(band["bound_tokens_per_s"] / tf_plain)
-    assert set(band["linear_bytes_per_s_by_rows"]) == {"1", "2", "5", "9"}  # JSON keys
-    assert band["linear_rows_slowdown"]["1"] == 1.0 and all(v > 0 for v in band["linear_bytes_per_s_by_rows"].values())
+    plain = band["linear_bytes_per_s_by_rows"]["plain"]  # the tiny weights are too small to be packed
+    assert set(plain) == {"1", "2", "5", "9"}  # JSON keys
+    assert band["linear_rows_slowdown"]["plain"]["1"] == 1.0 and all(v > 0 for v in plain.values())
+    assert band["dtype"] == "float32" and band["fraction_best_decode_step"] >= band["fraction_decode_step"]
+    bf16 = result["bf16"]
+    assert bf16["bandwidth"]["dtype"] == "bfloat16" and bf16["bandwidth"]["bytes_per_token"] < band["bytes_per_token"]
+    assert set(bf16["costs"]["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}
     model = load_target(tmp_path / "float32" / "target")  # what the e2b sections ran on
     ple = model.embed_tokens_per_layer.weight  # (V, L*P): one row is read per token, not the table
     everything = sum(p.numel() * p.element_size() for p in model.parameters())
     assert band["bytes_per_token"] == everything - (ple.shape[0] - 1) * ple.shape[1] * ple.element_size()
     assert result["memory"]["dtype"] == "bfloat16" and result["memory_float32"]["dtype"] == "float32"
-    for memory in (result["memory"], result["memory_float32"]):
+    for memory in (result["memory"], result["memory_float32"], result["memory_float32_file"]):
         assert memory["load_peak_over_text"] >= 0 and memory["text_weights_mib"] > 0
+    # the same weights in float32, but the PLE table stays in its file's dtype: bfloat16 in one of them
+    assert result["memory_float32"]["text_weights_mib"] < result["memory_float32_file"]["text_weights_mib"]
     goals = {g["goal"]: g for g in result["goals"]}
     assert goals["demo: identical tokens (1 = yes)"]["met"] is True
     assert all(set(g) == {"goal", "value", "limit", "met"} for g in goals.values())
+    assert {"e2b bf16: decode / memory-bandwidth bound", "e2b: implied speedup at acceptance 0.7, best K",
+            "first-forward peak / weights as loaded (bf16)"} <= set(goals)
     assert "== targets" in benchmark.table(result)
 
 
