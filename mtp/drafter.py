@@ -26,6 +26,7 @@ from gemma4.model import (
     DecoderLayer, Gemma4Model, LayerInputs, Linear, RMSNorm, additive_mask, attention_mask, linear, rope_cos_sin,
     rope_frequencies,
 )
+from gemma4.sampling import DRAFT, SamplerConfig, keyed_sample, warp
 from gemma4.weights import CheckpointError, read_state_dict, resolve_model_dir, target_ignored, target_weight_table
 
 
@@ -87,10 +88,12 @@ class CentroidHead(nn.Module):
         best = scores == scores.max(dim=-1, keepdim=True).values  # (B, k*V/C)
         return torch.where(best, ids, ids.new_full((), torch.iinfo(ids.dtype).max)).min(dim=-1).values
 
-    def logits(self, hn: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """(B, V): the candidates' scores, every other token at min(score) - 1 (as transformers)."""
+    def logits(self, hn: torch.Tensor, head: torch.Tensor, filler: float | None = None) -> torch.Tensor:
+        """(B, V): the candidates' scores, every other token at `filler`: by default min(score) - 1, as
+        transformers (a small non-zero probability); sampling passes -inf, so they get exactly 0 (§11)."""
         ids, scores = self.candidates(hn, head)
-        out = torch.full((hn.shape[0], head.shape[0]), float(scores.min()) - 1.0, dtype=hn.dtype, device=hn.device)
+        fill = float(scores.min()) - 1.0 if filler is None else filler
+        out = torch.full((hn.shape[0], head.shape[0]), fill, dtype=hn.dtype, device=hn.device)
         return out.scatter_(1, ids, scores)
 
 
@@ -148,10 +151,10 @@ class Drafter(nn.Module):
         hn = self.model.norm(u)  # (B, T, D)
         return hn, self.post_projection(hn)
 
-    def logits(self, hn: torch.Tensor) -> torch.Tensor:
-        """(B, D) -> (B, V). No softcap on the drafter."""
+    def logits(self, hn: torch.Tensor, filler: float | None = None) -> torch.Tensor:
+        """(B, D) -> (B, V). No softcap on the drafter. `filler`: see CentroidHead.logits."""
         head = self.model.embed_tokens.weight  # (V, D)
-        return self.masked_embedding.logits(hn, head) if hasattr(self, "masked_embedding") else linear(hn, head)
+        return self.masked_embedding.logits(hn, head, filler) if hasattr(self, "masked_embedding") else linear(hn, head)
 
     def greedy_token(self, hn: torch.Tensor) -> torch.Tensor:
         """(B, D) -> (B,) the proposed token, without a full-vocabulary tensor on the centroid head."""
@@ -159,22 +162,37 @@ class Drafter(nn.Module):
             return self.masked_embedding.greedy(hn, self.model.embed_tokens.weight)
         return linear(hn, self.model.embed_tokens.weight).argmax(dim=-1)
 
-    @torch.inference_mode()
     def draft(
         self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
         shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int,
     ) -> list[int]:
         """k greedy drafts after `token` at position t, from the target's post-norm hidden (E,) at t-1
         and the target's K/V of positions 0..t-1 (shared_kv: type -> (1, K, t, D))."""
+        return self.propose(target, token, hidden, t, shared_kv, k)[0]
+
+    @torch.inference_mode()
+    def propose(
+        self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
+        shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: SamplerConfig | None = None,
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """k drafts as `draft`, greedy without a sampler. With one (`sample` drafting, §11), draft j is
+        drawn from the drafter's warped distribution q_j with the DRAFT stream keyed at its position
+        t + j, and q (k, V) is returned too for the rejection test."""
         inputs = self.layer_inputs(torch.tensor([t], device=hidden.device), t, hidden.dtype)
         h = hidden[None, None]  # (1, 1, E)
         drafts: list[int] = []
-        for _ in range(k):
+        probs: list[torch.Tensor] = []
+        for j in range(1, k + 1):
             ids = torch.tensor([[token]], device=hidden.device)  # (1, 1)
             hn, h = self.step(target.embed(ids), h, inputs, shared_kv)  # (1, 1, D), (1, 1, E)
-            token = int(self.greedy_token(hn[:, 0]))
+            if sampler is None:
+                token = int(self.greedy_token(hn[:, 0]))
+            else:
+                q = warp(self.logits(hn[:, 0], filler=float("-inf")), sampler)  # (1, V), filler at 0
+                token = keyed_sample(q, sampler.seed, DRAFT, [t + j])[0]
+                probs.append(q[0])
             drafts.append(token)
-        return drafts
+        return drafts, torch.stack(probs) if probs else None  # q: (k, V)
 
 
 def drafter_weight_table(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:

@@ -1,6 +1,6 @@
-"""The speculative decoding loop (greedy), its statistics and its draft-length schedules.
+"""The speculative decoding loop (greedy and sampling), its statistics and its draft-length schedules.
 
-Spec: shared/spec/mtp.md §7-§8. The numbered steps below are the spec's.
+Spec: shared/spec/mtp.md §7-§8, §11. The numbered steps below are the spec's.
 Invariant at the start of every round: the target cache holds valid K/V for positions 0..t-1 (every
 committed token except the newest, at t), and the loop holds h[t-1], the target's post-norm hidden
 at t-1. Anything stored at positions >= t is stale and is overwritten by later writes.
@@ -8,6 +8,16 @@ at t-1. Anything stored at positions >= t is stale and is overwritten by later w
 Why the output equals plain greedy: the target's logits at verify index i depend only on the
 committed prefix and d_1..d_i; a draft is kept only if it equals the target's own argmax, so every
 committed token is the target's argmax given the committed prefix, whatever the drafter proposed.
+
+Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4), in two modes:
+- `argmax` drafting (default): drafts stay the drafter's argmax; each verify row is sampled with the
+  noise keyed to its position, and a draft is kept while it equals that sample. A position's noise is
+  the same in every round and in plain decoding, so the output equals plain keyed sampling token
+  for token. This is the rejection rule for a one-hot q: d is kept with probability p(d), and on
+  rejection the token is a draw from p with d removed.
+- `sample` drafting: drafts are drawn from the drafter's warped q, kept iff u·q(d) < p(d), the first
+  rejection replaced by a draw from normalize(max(0, p - q)), the bonus drawn from the last row
+  (Leviathan et al. 2023). Exact in distribution, but not token-equal to plain sampling.
 """
 
 from dataclasses import dataclass, field
@@ -18,9 +28,11 @@ from gemma4.cache import KVCache
 from gemma4.config import FULL, SLIDING
 from gemma4.generate import check_prompt
 from gemma4.model import Gemma4Model
+from gemma4.sampling import TARGET, UNIFORM, SamplerConfig, keyed_sample, keyed_uniform, warp
 from mtp.drafter import Drafter
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+DRAFTING = ("argmax", "sample")
 
 
 class DraftLength:
@@ -85,24 +97,78 @@ def target_kv(cache: KVCache, model: Gemma4Model, t: int) -> dict[str, tuple[tor
     return {kind: cache.read(c.kv_source(kind), t) for kind in (SLIDING, FULL)}
 
 
+# ---------------------------------------------------------------- step 4: accept
+# Each rule gets the drafts d_1..d_K and the verify's logits rows 0..K (row i: the token at position
+# t+1+i) and returns (a, the token committed after the a accepted drafts).
+
+def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
+    """§7: g_i = argmax of row i; keep d_i while d_i == g_{i-1}."""
+    greedy = logits.argmax(dim=-1).tolist()  # g_0..g_K
+    a = 0
+    while a < len(drafts) and drafts[a] == greedy[a]:
+        a += 1
+    return a, greedy[a]  # the correction, or the bonus if all were accepted
+
+
+def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
+    """§11 argmax drafting: g_i is the keyed sample of warped row i at position t+1+i, exactly what
+    plain sampling draws there; keep d_i while d_i == g_{i-1}."""
+    positions = list(range(t + 1, t + 1 + logits.shape[0]))
+    samples = keyed_sample(warp(logits, sampler), sampler.seed, TARGET, positions)  # g_0..g_K
+    a = 0
+    while a < len(drafts) and drafts[a] == samples[a]:
+        a += 1
+    return a, samples[a]
+
+
+def accept_rejection(
+    drafts: list[int], q: torch.Tensor, logits: torch.Tensor, sampler: SamplerConfig, t: int,
+) -> tuple[int, int]:
+    """§11 sample drafting: q (K, V) the drafter's warped rows, p the target's. Keep d_i iff
+    u_i · q_i(d_i) < p_i(d_i) (strict: p = 0 is never kept), with u_i keyed to d_i's position."""
+    p = warp(logits, sampler)  # (K+1, V)
+    for i, d in enumerate(drafts):
+        position = t + 1 + i
+        if not keyed_uniform(sampler.seed, UNIFORM, position) * float(q[i, d]) < float(p[i, d]):
+            residual = (p[i] - q[i]).clamp_(min=0)  # (V,) zero at d: rejected, so q(d) > p(d)
+            residual = residual / residual.sum()
+            return i, keyed_sample(residual[None], sampler.seed, TARGET, [position])[0]
+    return len(drafts), keyed_sample(p[-1:], sampler.seed, TARGET, [t + 1 + len(drafts)])[0]  # the bonus
+
+
+def check_sampling(sampler: SamplerConfig | None, drafting: str) -> None:
+    if drafting not in DRAFTING:
+        raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
+    if drafting == "sample" and (sampler is None or sampler.greedy):
+        raise ValueError("sample drafting draws from the drafter's distribution: it needs a temperature > 0")
+
+
 @torch.inference_mode()
 def speculative_generate(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
     draft_length: DraftLength, stop_ids: list[int] | tuple[int, ...] = (),
+    sampler: SamplerConfig | None = None, drafting: str = "argmax",
     on_commit=None,  # noqa: ANN001 (optional callback(tokens, from_drafter flags) for streaming)
 ) -> SpecResult:
+    """Greedy with `sampler=None` or temperature 0; otherwise sampling with `drafting` (see above)."""
     check_prompt(target, prompt, max_new_tokens)
+    check_sampling(sampler, drafting)
+    if sampler is not None and sampler.greedy:
+        sampler = None  # temperature 0 is the greedy loop itself
+    sampled_drafts = sampler is not None and drafting == "sample"
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
     context = target.config.max_position_embeddings
     cache = KVCache(target.config, min(len(prompt) + max_new_tokens, context), dtype=dtype, device=device)
     stats = SpecStats()
     draft_length.start_call()
 
-    # 0. Prefill: one forward over the prompt commits the first token.
+    # 0. Prefill: one forward over the prompt commits the first token (sampled like every other).
     out = target.run(torch.tensor([prompt], device=device), cache, start_pos=0, num_logits=1)
     cache.length = len(prompt)
     stats.target_forwards += 1
-    seq = list(prompt) + [int(out.logits[0, -1].argmax())]
+    logits = out.logits[0, -1:]  # (1, V): the token at position len(prompt)
+    first = accept_greedy([], logits) if sampler is None else accept_keyed([], logits, sampler, len(prompt) - 1)
+    seq = list(prompt) + [first[1]]
     hidden = out.hidden[0, -1]  # (E,) h[t-1], with t = len(seq) - 1
     stats.emitted = 1
     if on_commit:
@@ -119,22 +185,26 @@ def speculative_generate(
         #    The context bound works the same way: the block may not pass the last position.
         k_eff = min(draft_length.current, max_new_tokens - new - 1, context - len(seq) - 1)
 
-        # 2. Draft d_1..d_K from (seq[t], h[t-1], position t) and the target's K/V of 0..t-1.
-        drafts = drafter.draft(target, seq[t], hidden, t, target_kv(cache, target, t), k_eff) if k_eff else []
+        # 2. Draft d_1..d_K from (seq[t], h[t-1], position t) and the target's K/V of 0..t-1:
+        #    the drafter's argmax, or (sample drafting) draws from its warped q.
+        drafts, q = drafter.propose(target, seq[t], hidden, t, target_kv(cache, target, t), k_eff,
+                                    sampler if sampled_drafts else None) if k_eff else ([], None)
 
         # 3. Verify [seq[t], d_1..d_K] at positions t..t+K in one target forward.
         out = target.run(torch.tensor([[seq[t]] + drafts], device=device), cache, start_pos=t)
         stats.target_forwards += 1
-        greedy = out.logits[0].argmax(dim=-1).tolist()  # g_0..g_K
 
-        # 4. Accept the longest prefix of drafts equal to the target's argmax.
-        a = 0
-        while a < len(drafts) and drafts[a] == greedy[a]:
-            a += 1
+        # 4. Accept a prefix of the drafts (§7 greedy, §11 sampling).
+        if sampler is None:
+            a, last = accept_greedy(drafts, out.logits[0])
+        elif sampled_drafts and drafts:
+            a, last = accept_rejection(drafts, q, out.logits[0], sampler, t)
+        else:
+            a, last = accept_keyed(drafts, out.logits[0], sampler, t)
 
-        # 5. Commit d_1..d_a and g_a (the correction, or the bonus if all were accepted);
-        #    cut after the first stop id.
-        block = drafts[:a] + [greedy[a]]
+        # 5. Commit d_1..d_a and the target's token after them (the correction, or the bonus if all
+        #    were accepted); cut after the first stop id.
+        block = drafts[:a] + [last]
         for i, token in enumerate(block):
             if token in stop_ids:
                 block = block[: i + 1]

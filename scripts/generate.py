@@ -2,8 +2,9 @@
 
 - With no arguments it runs the bundled demo pair (`scripts/demo/`) offline, marks which tokens the
   drafter proposed, and compares with plain greedy decoding: the mechanism made visible.
-- Decoding is greedy, so speculative output is the target's own greedy output (exactly so in float32;
-  see README.md for bfloat16).
+- Decoding is greedy by default, so speculative output is the target's own greedy output (exactly so
+  in float32; see README.md for bfloat16). `--temperature T` samples; with the default `argmax`
+  drafting the output is then plain sampling's with the same `--seed`, token for token.
 - Whatever the user can get wrong ends as one line `error: ...` on stderr and exit status 2, never a
   traceback; Ctrl-C prints what was generated so far and exits 130.
 - `--json` prints one JSON object on stdout and nothing else there; progress goes to stderr.
@@ -22,15 +23,20 @@ sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e
 import torch  # noqa: E402
 
 from gemma4.config import read_json  # noqa: E402
-from gemma4.generate import check_prompt, greedy_generate  # noqa: E402
+from gemma4.generate import check_prompt, sample_generate  # noqa: E402
+from gemma4.sampling import SamplerConfig  # noqa: E402
 from gemma4.tokenizer import Gemma4Tokenizer, stop_ids  # noqa: E402
 from gemma4.weights import load_target, resolve_model_dir  # noqa: E402
 from mtp import SCHEDULES, DraftLength, SpecStats, check_pair, load_drafter, speculative_generate  # noqa: E402
+from mtp.speculative import DRAFTING  # noqa: E402
 
 DEMO = REPO / "scripts" / "demo"  # holds target/ and assistant/
 DEFAULT_PROMPT = "Tell me a story about a fox."
 # The demo target is a model of Python source, not a chat model: it continues raw code.
 DEMO_PROMPT = '    def __repr__(self):\n        return "'
+# Greedy decoding of the demo prompt falls into a loop of repeated lines within 128 tokens (the tiny
+# target's most likely continuation), so the no-argument demo samples instead, with a fixed seed.
+DEMO_SAMPLING = dict(temperature=0.5, top_k=64, top_p=0.95, seed=0)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 USAGE_ERROR, INTERRUPTED = 2, 130
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
@@ -118,7 +124,8 @@ def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float) -> di
 
 def print_stats(result: dict, stats: SpecStats | None) -> None:
     s = result["stats"]
-    print(f"\n-- {'speculative' if stats else 'plain greedy'} decoding: {len(result['tokens'])} tokens, "
+    plain_kind = "plain greedy" if result["sampling"]["temperature"] == 0 else "plain sampling"
+    print(f"\n-- {'speculative' if stats else plain_kind} decoding: {len(result['tokens'])} tokens, "
           f"finished by {result['finish_reason']}")
     if stats:
         print(f"target forwards      {s['target_forwards']} (1 prefill + {s['target_forwards'] - 1} verifications; "
@@ -132,8 +139,10 @@ def print_stats(result: dict, stats: SpecStats | None) -> None:
     print(f"time                 {s['seconds']:.2f} s, {s['tokens_per_second']:.1f} tokens/s")
     if "plain" in result:
         p = result["plain"]
-        print(f"-- plain greedy decoding (--compare): {p['seconds']:.2f} s, {p['tokens_per_second']:.1f} tokens/s")
+        print(f"-- {plain_kind} decoding (--compare): {p['seconds']:.2f} s, {p['tokens_per_second']:.1f} tokens/s")
         same = "yes" if result["identical"] else f"no: first difference at new token {first_difference(result)}"
+        if not result["identical_expected"]:
+            same += " (sample drafting: exact in distribution, its draws differ from plain sampling's by design)"
         print(f"identical tokens     {same}")
         print(f"speedup              {result['speedup']:.2f}x")
 
@@ -164,7 +173,9 @@ def pick_device(name: str | None) -> torch.device:
 
 
 def check_options(prompt: str | None, prompt_ids: list[int] | None, raw: bool, max_new_tokens: int,
-                  num_assistant_tokens: int | None, schedule: str, dtype: str | None) -> None:
+                  num_assistant_tokens: int | None, schedule: str, dtype: str | None,
+                  temperature: float, top_k: int | None, top_p: float | None, drafting: str | None,
+                  no_assistant: bool) -> None:
     if prompt is not None and prompt_ids is not None:
         raise UsageError("give --prompt or --prompt-ids, not both")
     if raw and prompt is None:
@@ -180,6 +191,32 @@ def check_options(prompt: str | None, prompt_ids: list[int] | None, raw: bool, m
         raise UsageError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not temperature >= 0:
+        raise UsageError(f"--temperature must be at least 0 (0 is greedy), got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise UsageError(f"--top-k must be at least 0 (0 turns it off), got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1] (1 turns it off), got {top_p}")
+    if drafting is not None and drafting not in DRAFTING:
+        raise UsageError(f"--drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
+    if drafting == "sample" and temperature == 0:
+        raise UsageError("--drafting sample draws drafts from the drafter's distribution: give a --temperature above 0")
+    if drafting is not None and no_assistant:
+        raise UsageError("--drafting applies to speculative decoding: drop it, or drop --no-assistant")
+
+
+def sampler_settings(target_dir: Path, temperature: float, top_k: int | None, top_p: float | None,
+                     seed: int) -> tuple[SamplerConfig, str]:
+    """The sampler, and where its top-k/top-p came from: the flags, or else (with T > 0) the target's
+    generation_config.json, as the releases ship them (T 1.0, top_k 64, top_p 0.95)."""
+    if temperature == 0:
+        return SamplerConfig(0.0, 0, 1.0, seed), ""
+    gen = target_dir / "generation_config.json"
+    release = read_json(gen) if gen.is_file() else {}
+    taken = [name for name, flag in (("top_k", top_k), ("top_p", top_p)) if flag is None and name in release]
+    top_k = int(release.get("top_k", 0)) if top_k is None else top_k
+    top_p = float(release.get("top_p", 1.0)) if top_p is None else top_p
+    return SamplerConfig(temperature, top_k, top_p, seed), " (" + ", ".join(taken) + " from generation_config.json)" if taken else ""
 
 
 def say(quiet: bool, text: str) -> None:
@@ -194,14 +231,18 @@ def main(
     prompt: str | None = None, prompt_ids: list[int] | None = None, raw: bool = False,
     max_new_tokens: int = 128, num_assistant_tokens: int | None = None, schedule: str = "constant",
     ignore_eos: bool = False, dtype: str | None = None, device: str | None = None, seed: int = 0,
+    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, drafting: str | None = None,
     threads: int | None = None,
     show_drafts: bool = False, compare: bool = False, json_output: bool = False, demo: Path = DEMO,
 ) -> int:
     """Run one generation and print it; returns the exit status (0, or 130 after Ctrl-C)."""
-    check_options(prompt, prompt_ids, raw, max_new_tokens, num_assistant_tokens, schedule, dtype)
+    check_options(prompt, prompt_ids, raw, max_new_tokens, num_assistant_tokens, schedule, dtype,
+                  temperature, top_k, top_p, drafting, no_assistant)
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be at least 1, got {threads}")
-    torch.manual_seed(seed)  # greedy draws nothing; kept so every run of the script is seeded
+    if seed < 0:
+        raise UsageError(f"--seed must be at least 0, got {seed}")
+    drafting = drafting or "argmax"
     dev = pick_device(device)
     dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     if target is None:  # the bundled demo pair
@@ -235,6 +276,10 @@ def main(
     stops = [] if ignore_eos else stop_ids(target_dir)
     how = "raw" if raw else "as given" if prompt is None else "chat template"
     say(json_output, f"prompt     {len(prompt_ids)} tokens ({how})")
+    sampler, source = sampler_settings(target_dir, temperature, top_k, top_p, seed)
+    if not sampler.greedy:
+        say(json_output, f"sampling   temperature {sampler.temperature:g}, top-k {sampler.top_k}, top-p {sampler.top_p:g}"
+                         f"{source}, seed {seed}" + ("" if no_assistant else f", {drafting} drafting"))
 
     drafter, draft_length = None, None
     if not no_assistant:
@@ -266,10 +311,11 @@ def main(
     try:
         if drafter is not None:
             spec = speculative_generate(model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
-                                        on_commit=stream.commit)
+                                        sampler, drafting, on_commit=stream.commit)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         else:
-            tokens = greedy_generate(model, prompt_ids, max_new_tokens, stops, on_token=lambda t: stream.commit([t], [False]))
+            tokens = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops,
+                                     on_token=lambda t: stream.commit([t], [False]))
             stats, finish_reason = None, "stop" if tokens[-1] in stops else "length"
     except KeyboardInterrupt:
         stream.finish()
@@ -281,18 +327,22 @@ def main(
     seconds = time.perf_counter() - start
     stream.finish()
     result = {"tokens": tokens, "text": stream.text(), "finish_reason": finish_reason,
-              "stats": stats_json(stats, tokens, seconds)}
+              "stats": stats_json(stats, tokens, seconds),
+              "sampling": {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
+                           "seed": seed, "drafting": None if drafter is None else drafting}}
 
     status = 0
     if compare:
-        say(json_output, "running plain greedy decoding for --compare ...")
+        say(json_output, f"running plain {'greedy decoding' if sampler.greedy else 'sampling, same seed,'} for --compare ...")
         start = time.perf_counter()
         try:
-            plain = greedy_generate(model, prompt_ids, max_new_tokens, stops)
+            plain = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops)
             plain_seconds = time.perf_counter() - start
             plain_rate = len(plain) / plain_seconds if plain_seconds else 0.0
             result["plain"] = {"tokens": plain, "seconds": plain_seconds, "tokens_per_second": plain_rate}
             result["identical"] = plain == tokens
+            # Greedy and argmax drafting reproduce plain decoding exactly; sample drafting draws otherwise.
+            result["identical_expected"] = sampler.greedy or drafter is None or drafting == "argmax"
             result["speedup"] = result["stats"]["tokens_per_second"] / plain_rate if plain_rate else 0.0
         except KeyboardInterrupt:
             print("interrupted: --compare skipped", file=sys.stderr)
@@ -321,8 +371,9 @@ def token_ids(text: str) -> list[int]:
 
 
 def parser() -> Parser:
-    p = Parser(prog="generate.py", description="Greedy generation with a Gemma 4 target and its MTP assistant. "
-               "With no arguments: the bundled demo pair, with --show-drafts and --compare.")
+    p = Parser(prog="generate.py", description="Generation with a Gemma 4 target and its MTP assistant, greedy "
+               "or sampled. With no arguments: the bundled demo pair, sampled at a fixed seed, with --show-drafts "
+               "and --compare.")
     p.add_argument("--target", metavar="PATH_OR_HUB_ID",
                    help="checkpoint directory or Hub id like google/gemma-4-E2B-it (default: the demo)")
     p.add_argument("--assistant", metavar="PATH_OR_HUB_ID",
@@ -341,11 +392,23 @@ def parser() -> Parser:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop on the end-of-turn ids")
     p.add_argument("--dtype", choices=list(DTYPES), help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--device", metavar="DEVICE", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
-    p.add_argument("--seed", metavar="N", type=int, default=0)
+    p.add_argument("--temperature", metavar="T", type=float, default=0.0,
+                   help="0 (default): greedy; above 0: sample, exactly from the target's distribution")
+    p.add_argument("--top-k", metavar="K", type=int,
+                   help="sample among the K most likely tokens, 0: off (default with --temperature: the target's "
+                        "generation_config.json, else off)")
+    p.add_argument("--top-p", metavar="P", type=float,
+                   help="sample among the most likely tokens that hold probability P, 1: off (default as --top-k)")
+    p.add_argument("--seed", metavar="N", type=int, default=0,
+                   help="sampling seed: the token at position n draws noise keyed by (seed, n) (default 0)")
+    p.add_argument("--drafting", choices=DRAFTING,
+                   help="argmax (default): drafts are the drafter's argmax, output equals plain sampling token for "
+                        "token; sample: drafts drawn from the drafter, Leviathan's rejection rule, exact in distribution")
     p.add_argument("--threads", metavar="N", type=int,
                    help="CPU threads for torch (default: torch's own; 1 for the demo pair, whose tiny matrices gain nothing from more)")
     p.add_argument("--show-drafts", action="store_true", help="mark the tokens the drafter proposed")
-    p.add_argument("--compare", action="store_true", help="also run plain greedy decoding: identical? how much faster?")
+    p.add_argument("--compare", action="store_true",
+                   help="also run plain decoding (sampling: the same seed): identical? how much faster?")
     p.add_argument("--json", dest="json_output", action="store_true", help="print one JSON object and nothing else")
     return p
 
@@ -354,7 +417,7 @@ def cli(argv: list[str] | None = None, demo: Path = DEMO) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = vars(parser().parse_args(argv))
     if not argv:  # the demo: show the mechanism
-        args.update(show_drafts=True, compare=True)
+        args.update(show_drafts=True, compare=True, **DEMO_SAMPLING)
     try:
         return main(**args, demo=demo)
     except KeyboardInterrupt:

@@ -1,6 +1,15 @@
 """Test-wide settings. The test models are tiny: one thread runs them as fast as two, and on a
 2-core machine a second thread per process only fights the other processes for the cores."""
 
+import pytest
 import torch
 
+from tests.pairs import build_pairs
+
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 (see tests/pairs.py)
+    """(shape, drafter kind) -> (target, drafter): built once, shared by the equivalence suites."""
+    return build_pairs(tmp_path_factory.mktemp("pairs"))

@@ -75,7 +75,9 @@ def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
     proc = run_subprocess(args)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # the whole of stdout is one JSON object
-    assert set(result) == {"tokens", "text", "finish_reason", "stats", "plain", "identical", "speedup"}
+    assert set(result) == {"tokens", "text", "finish_reason", "stats", "sampling", "plain", "identical",
+                           "identical_expected", "speedup"}
+    assert result["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "drafting": "argmax"}
     tokens, stats = result["tokens"], result["stats"]
     assert all(isinstance(t, int) for t in tokens) and 1 <= len(tokens) <= 24
     assert isinstance(result["text"], str)
@@ -89,9 +91,59 @@ def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
     assert stats["tokens_per_forward"] == pytest.approx(len(tokens) / stats["target_forwards"])
     assert stats["seconds"] > 0 and stats["tokens_per_second"] > 0
     assert set(result["plain"]) == {"tokens", "seconds", "tokens_per_second"}
-    assert result["identical"] is True
+    assert result["identical"] is True and result["identical_expected"] is True
     assert result["plain"]["tokens"] == tokens
     assert result["speedup"] > 0
+
+
+@pytest.fixture(scope="module")
+def release_target(pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test target with the sampling fields of a Gemma 4 IT generation_config.json."""
+    target = tmp_path_factory.mktemp("release") / "target"
+    shutil.copytree(pair[0], target)
+    gen = json.loads((target / "generation_config.json").read_text())
+    gen.update(do_sample=True, temperature=1.0, top_k=64, top_p=0.95)
+    (target / "generation_config.json").write_text(json.dumps(gen))
+    return target
+
+
+def test_sampling_settings_come_from_generation_config(
+    release_target: Path, pair: tuple[Path, Path], capsys: pytest.CaptureFixture,
+) -> None:
+    common = ["--target", str(release_target), "--assistant", str(pair[1]), "--prompt", "hi",
+              "--max-new-tokens", "24", "--ignore-eos", "--temperature", "1", "--compare"]
+    status, out, err = run_inprocess(capsys, [*common, "--json"])
+    result = json.loads(out)
+    assert status == 0, err
+    assert result["sampling"] == {"temperature": 1.0, "top_k": 64, "top_p": 0.95, "seed": 0, "drafting": "argmax"}
+    assert result["identical"] is True and result["identical_expected"] is True  # argmax drafting: token equality
+    assert result["plain"]["tokens"] == result["tokens"]
+    status, out, err = run_inprocess(capsys, [*common, "--top-k", "5"])
+    assert status == 0, err
+    assert "temperature 1, top-k 5, top-p 0.95 (top_p from generation_config.json), seed 0, argmax drafting" in err
+    assert "identical tokens     yes" in out and "plain sampling decoding (--compare)" in out
+
+
+def test_sampling_seeds_and_sample_drafting(
+    release_target: Path, pair: tuple[Path, Path], capsys: pytest.CaptureFixture,
+) -> None:
+    common = ["--target", str(release_target), "--assistant", str(pair[1]), "--prompt", "hi",
+              "--max-new-tokens", "24", "--ignore-eos", "--temperature", "1", "--json"]
+    runs = {}
+    for name, extra in {"seed 0": [], "again": [], "seed 1": ["--seed", "1"], "greedy": ["--temperature", "0"],
+                        "sample drafting": ["--drafting", "sample", "--compare"]}.items():
+        status, out, err = run_inprocess(capsys, [*common, *extra])
+        assert status == 0, err
+        runs[name] = json.loads(out)
+    assert runs["seed 0"]["tokens"] == runs["again"]["tokens"]  # same seed, same draws
+    assert runs["seed 1"]["tokens"] != runs["seed 0"]["tokens"]
+    assert runs["greedy"]["sampling"]["temperature"] == 0.0
+    sampled = runs["sample drafting"]
+    assert sampled["sampling"]["drafting"] == "sample" and sampled["identical_expected"] is False
+    assert len(sampled["tokens"]) == 24 and sampled["stats"]["drafted"] > 0
+    status, out, err = run_inprocess(capsys, [*common[:-1], "--drafting", "sample", "--compare", "--seed", "3"])
+    assert status == 0, err
+    assert "by design" in out.split("identical tokens", 1)[1].splitlines()[0]  # a difference is no failure
 
 
 def test_no_assistant_is_plain_greedy(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
@@ -253,6 +305,15 @@ ARGUMENT_CASES = {  # name -> (arguments after --target/--assistant, what the er
     "raw with ids": (["--prompt-ids", "2", "--raw"], "--raw applies to --prompt text"),
     "ids that are not integers": (["--prompt-ids", "2,x"], "argument --prompt-ids: expected comma-separated integers"),
     "unknown dtype": (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    "negative temperature": (["--temperature", "-0.5"], "--temperature must be at least 0 (0 is greedy), got -0.5"),
+    "top-p 0": (["--temperature", "1", "--top-p", "0"], "--top-p must be in (0, 1] (1 turns it off), got 0.0"),
+    "top-p above 1": (["--temperature", "1", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    "negative top-k": (["--temperature", "1", "--top-k", "-1"], "--top-k must be at least 0 (0 turns it off), got -1"),
+    "sample drafting at temperature 0": (["--drafting", "sample"], "--drafting sample draws drafts from the drafter"),
+    "drafting without an assistant": (["--temperature", "1", "--drafting", "argmax", "--no-assistant"],
+                                      "--drafting applies to speculative decoding"),
+    "unknown drafting": (["--drafting", "random"], "argument --drafting: invalid choice: 'random'"),
+    "negative seed": (["--seed", "-1"], "--seed must be at least 0, got -1"),
 }
 
 

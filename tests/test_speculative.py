@@ -2,13 +2,8 @@
 
 Over the three tiny shapes, K in {1, 2, 3, 4, 6, 8}, the three schedules, prompts shorter and longer
 than the sliding window (8), budgets that end inside a drafted block, a stop id inside an accepted
-block, and three drafters built from real drafter modules:
-- `random`: a seeded random drafter, almost never right;
-- `echo`:   a drafter biased to propose the token it was given (tests/checkpoints.py), against a
-            target whose layer branches are halved through their post-norm gains, so that its greedy
-            output wanders at first and then settles into repeats: partly right;
-- `always`: the echo drafter against an *echo target* (branches shrunk 100-fold, so its greedy
-            output repeats its last token): every draft is right.
+block, and the three drafters of tests/pairs.py (random: almost never right, echo: partly, always:
+every draft right), all real drafter modules.
 A cache-free reference loop written from the spec (mtp.md §7) must reproduce the loop's committed
 tokens and every round's drafts and acceptance counts exactly.
 """
@@ -17,53 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from gemma4 import Gemma4Model, greedy_generate, load_target, reference_greedy
 from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import SCHEDULES, Drafter, DraftLength, load_drafter, speculative_generate
-from tests.checkpoints import SHAPES, write_assistant, write_target
+from tests.checkpoints import SHAPES
+from tests.pairs import DRAFTERS, PROMPTS, prompt  # the `models` fixture is in conftest.py
 
 KS = (1, 2, 3, 4, 6, 8)
-DRAFTERS = ("random", "echo", "always")
-PROMPTS = {"short": 5, "long": 21}  # the target's sliding window is 8, the drafter's 6
 ACCEPTANCE: dict[tuple[str, str], list[float]] = {}  # (shape, drafter) -> rates seen, printed at the end
-
-
-def prompt(kind: str, vocab: int = 512) -> list[int]:
-    g = torch.Generator().manual_seed(PROMPTS[kind])
-    return [2] + torch.randint(3, vocab, (PROMPTS[kind] - 1,), generator=g).tolist()
-
-
-def shrink_branches(path: Path, factor: float) -> None:
-    """Scale every branch's post-norm gain: the residual stream stays closer to the token's own
-    embedding, which the tied head matches best, so greedy decoding tends to repeat the last token."""
-    for file in path.glob("*.safetensors"):
-        tensors = load_file(file)
-        for name in tensors:
-            if name.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight",
-                              "post_per_layer_input_norm.weight")):
-                tensors[name] = tensors[name] * factor
-        save_file(tensors, file, metadata={"format": "pt"})
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Gemma4Model, Drafter]]:
-    """(shape, drafter kind) -> (target, drafter). E2B-like drafters use the centroid head, as E2B's."""
-    out = {}
-    for shape in SHAPES:
-        root = tmp_path_factory.mktemp(shape)
-        targets = {}
-        for name, factor in (("plain", 1.0), ("settling", 0.5), ("echo", 0.01)):
-            targets[name] = write_target(root / name, shape)
-            shrink_branches(targets[name], factor)
-        ordered = shape == "e2b"
-        random = write_assistant(root / "random_drafter", targets["plain"], ordered_embeddings=ordered, seed=1)
-        echo = load_drafter(write_assistant(root / "echo_drafter", targets["plain"], ordered_embeddings=ordered, echo=True, seed=2))
-        out[shape, "random"] = (load_target(targets["plain"]), load_drafter(random))
-        out[shape, "echo"] = (load_target(targets["settling"]), echo)
-        out[shape, "always"] = (load_target(targets["echo"]), echo)
-    return out
 
 
 def target_tokenizer(demo: Path) -> Gemma4Tokenizer:
