@@ -24,9 +24,9 @@ import torch
 
 from gemma4.batch import PAD, check_prompts, new_cache, per_row, prefill
 from gemma4.model import Gemma4Model
-from gemma4.sampling import TARGET, SamplerConfig, keyed_sample, warp
+from gemma4.sampling import SamplerConfig
 from mtp.drafter import Drafter
-from mtp.speculative import DraftLength, Round, SpecResult, SpecStats, target_kv
+from mtp.speculative import DraftLength, Round, SpecResult, SpecStats, accept_greedy, accept_keyed, target_kv
 
 
 def draft_rows(
@@ -46,12 +46,10 @@ def draft_rows(
     return torch.cat(drafts, dim=1)  # (B, k)
 
 
-def target_tokens(logits: torch.Tensor, sampler: SamplerConfig | None, positions: list[int]) -> list[int]:
-    """The target's own token for each row of logits (N, V), row i at absolute position positions[i]:
-    the argmax, or the keyed sample of the warped row with this sampler's seed (§11)."""
-    if sampler is None or sampler.greedy:
-        return logits.argmax(dim=-1).tolist()
-    return keyed_sample(warp(logits, sampler), sampler.seed, TARGET, positions)
+def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int) -> tuple[int, int]:
+    """Step 4 for one row, by the solo loop's own rules: logits (K+1, V) of positions t+1..; returns a
+    and the token after the accepted drafts. Greedy (§7), or keyed samples with the row's seed (§11)."""
+    return accept_greedy(drafts, logits) if sampler is None else accept_keyed(drafts, logits, sampler, t)
 
 
 def record(stats: SpecStats, length: DraftLength, drafts: list[int], a: int, block: list[int]) -> None:
@@ -83,7 +81,8 @@ def speculative_generate_batch(
     draft_length's value and adapts it on its own acceptances; draft_length itself is left as it is."""
     budgets, stops = per_row(max_new_tokens, stop_ids, len(prompts))
     check_prompts(target, prompts, budgets)
-    samplers = list(samplers) if samplers is not None else [None] * len(prompts)
+    # Temperature 0 is the greedy loop itself; only `argmax` drafting (§11) runs in a batch.
+    samplers = [None if s is None or s.greedy else s for s in (samplers or [None] * len(prompts))]
     context = target.config.max_position_embeddings
     # Room for the pads of a verify block: row b writes at most max_b K_b + 1 positions from t_b.
     longest = max(min(len(p) + n, context) for p, n in zip(prompts, budgets))
@@ -95,7 +94,7 @@ def speculative_generate_batch(
 
     # 0. Prefill every row in one forward; each commits its first token.
     logits, hidden = prefill(target, cache, prompts)  # (B, V), (B, E) h[t_b-1]
-    seqs = [list(p) + target_tokens(logits[b:b + 1], samplers[b], [len(p)]) for b, p in enumerate(prompts)]
+    seqs = [list(p) + [accept([], logits[b:b + 1], samplers[b], len(p) - 1)[1]] for b, p in enumerate(prompts)]
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:
         # 7. Stop (checked first, as in the solo loop): a row with a stop id or a spent budget leaves.
@@ -132,14 +131,11 @@ def speculative_generate_batch(
 
         accepted = []
         for i, b in enumerate(rows):
-            # 4. Accept the longest prefix of row b's drafts equal to the target's own tokens g_0..g_K_b.
+            # 4. Accept the longest prefix of row b's drafts equal to the target's own tokens.
             d = drafts[i]
-            g = target_tokens(out.logits[i, :len(d) + 1], samplers[b], list(range(t[i] + 1, t[i] + len(d) + 2)))
-            a = 0
-            while a < len(d) and d[a] == g[a]:
-                a += 1
-            # 5. Commit d_1..d_a and g_a; cut after the first stop id.
-            block = d[:a] + [g[a]]
+            a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i])  # the row's pads are not read
+            # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
+            block = d[:a] + [last]
             for j, token in enumerate(block):
                 if token in stops[b]:
                     block = block[: j + 1]

@@ -17,12 +17,11 @@ import pytest
 import torch
 
 import mtp.batch
-from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, load_target, sample_generate
+from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, sample_generate
 from gemma4.batch import greedy_generate_batch, prefill, sample_generate_batch
-from mtp import DraftLength, Drafter, load_drafter, speculative_generate
+from mtp import DraftLength, Drafter, speculative_generate
 from mtp.batch import speculative_generate_batch
-from tests.checkpoints import SHAPES, write_assistant, write_target
-from tests.test_speculative import shrink_branches
+from tests.checkpoints import SHAPES
 
 LENGTHS = (3, 8, 30)  # below, at and far above the target's sliding window
 BUDGET = 26  # > 3 windows of the target (8) and of the drafter (6)
@@ -39,24 +38,9 @@ BUDGETS = [BUDGET, 20, BUDGET, 13]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Gemma4Model, Drafter]]:
-    """shape -> (target with halved branches, echo drafter): partly right, as in test_speculative."""
-    out = {}
-    for shape in SHAPES:
-        root = tmp_path_factory.mktemp(shape)
-        target = write_target(root / "target", shape)
-        shrink_branches(target, 0.5)
-        drafter = write_assistant(root / "drafter", target, ordered_embeddings=shape == "e2b", echo=True, seed=2)
-        out[shape] = load_target(target), load_drafter(drafter)
-    return out
-
-
-@pytest.fixture(scope="module")
-def wandering(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gemma4Model, Drafter]:
-    """A MoE target as written (its greedy output repeats less: new tokens to stop at) and a drafter."""
-    root = tmp_path_factory.mktemp("wandering")
-    target = write_target(root / "target", "moe", seed=4)
-    return load_target(target), load_drafter(write_assistant(root / "drafter", target, ordered_embeddings=False))
+def pairs(models) -> dict[str, tuple[Gemma4Model, Drafter]]:  # noqa: ANN001 (conftest.py's session pairs)
+    """shape -> (target with halved branches, echo drafter): partly right (tests/pairs.py)."""
+    return {shape: models[shape, "echo"] for shape in SHAPES}
 
 
 PLAIN: dict[tuple[int, tuple[int, ...], int], list[int]] = {}
@@ -78,8 +62,8 @@ def rounds(result) -> list[tuple[list[int], int]]:  # noqa: ANN001
 
 @pytest.mark.parametrize("k", (1, 2, 4, 7))
 @pytest.mark.parametrize("shape", SHAPES)
-def test_rows_equal_solo_runs(models, shape: str, k: int) -> None:  # noqa: ANN001
-    target, drafter = models[shape]
+def test_rows_equal_solo_runs(pairs, shape: str, k: int) -> None:  # noqa: ANN001
+    target, drafter = pairs[shape]
     batch = speculative_generate_batch(target, drafter, PROMPTS, BUDGETS, DraftLength(k))
     for b, (ids, n) in enumerate(zip(PROMPTS, BUDGETS)):
         solo = speculative_generate(target, drafter, ids, n, DraftLength(k))
@@ -93,13 +77,13 @@ def test_rows_equal_solo_runs(models, shape: str, k: int) -> None:  # noqa: ANN0
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_plain_rows_equal_greedy(models, shape: str) -> None:  # noqa: ANN001
-    target, _ = models[shape]
+def test_plain_rows_equal_greedy(pairs, shape: str) -> None:  # noqa: ANN001
+    target, _ = pairs[shape]
     assert greedy_generate_batch(target, PROMPTS, BUDGETS) == [plain(target, p, n) for p, n in zip(PROMPTS, BUDGETS)]
 
 
-def test_permuted_rows_and_a_batch_of_one(models) -> None:  # noqa: ANN001
-    target, drafter = models["e2b"]
+def test_permuted_rows_and_a_batch_of_one(pairs) -> None:  # noqa: ANN001
+    target, drafter = pairs["e2b"]
     order = [2, 0, 3, 1]
     forward = speculative_generate_batch(target, drafter, PROMPTS, BUDGETS, DraftLength(3))
     permuted = speculative_generate_batch(target, drafter, [PROMPTS[i] for i in order],
@@ -143,10 +127,10 @@ def scripted(target: Gemma4Model, rows: list[list[int]], schedules: list[Callabl
     return draft
 
 
-def test_rows_accepting_very_differently(models, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_rows_accepting_very_differently(pairs, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     k = 3
     for shape in SHAPES:
-        target, drafter = models[shape]
+        target, drafter = pairs[shape]
         prompts = [prompt(length, 7) for length in (5, 12, 30, 9)]
         sequences = [p + plain(target, p, BUDGET + k + 1) for p in prompts]
         monkeypatch.setattr(mtp.batch, "draft_rows", scripted(target, sequences, SCHEDULES))
@@ -170,12 +154,12 @@ def first_at(tokens: list[int], where: Callable[[int], bool]) -> int:
     return found[0]
 
 
-def test_stops_budgets_and_rows_leaving(wandering, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """Always-right rows with K = 3 commit new tokens 0 (prefill), then blocks 1-4, 5-8, ...: the
     last of each block is the bonus. Per-row stop ids end rows at chosen indices, per-row budgets
     inside a block; rows leave in different rounds until one is left."""
     k = 3
-    target, drafter = wandering
+    target, drafter = models["moe", "random"]  # the target as written: its output repeats less (new tokens to stop at)
     prompts = [prompt(length, 3) for length in (4, 9, 20, 6, 14)]
     free = [plain(target, p, 40) for p in prompts]
     sequences = [p + f for p, f in zip(prompts, free)]
@@ -213,14 +197,17 @@ def test_stops_budgets_and_rows_leaving(wandering, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sampled_rows_equal_solo_sampling(models, shape: str) -> None:  # noqa: ANN001
-    """Keyed sampling, argmax drafting: row b == plain sampling of its prompt with seed + b."""
-    target, drafter = models[shape]
+def test_sampled_rows_equal_solo_sampling(pairs, shape: str) -> None:  # noqa: ANN001
+    """Keyed sampling, argmax drafting: row b == plain sampling of its prompt with seed + b, and the solo
+    speculative run's drafts and accept counts."""
+    target, drafter = pairs[shape]
     samplers = [SamplerConfig(temperature=0.8, top_k=40, seed=5 + b) for b in range(len(PROMPTS))]
     solo = [sample_generate(target, p, n, s) for p, n, s in zip(PROMPTS, BUDGETS, samplers)]
     assert sample_generate_batch(target, PROMPTS, BUDGETS, samplers) == solo
     batch = speculative_generate_batch(target, drafter, PROMPTS, BUDGETS, DraftLength(3), samplers=samplers)
     assert [r.tokens for r in batch] == solo
+    for row, ids, n, s in zip(batch, PROMPTS, BUDGETS, samplers):  # and the solo speculative run's rounds
+        assert rounds(row) == rounds(speculative_generate(target, drafter, ids, n, DraftLength(3), sampler=s))
     assert solo[3] != solo[1][:13]  # the duplicate prompt draws other tokens with its own seed
     assert sum(r.stats.accepted for r in batch) > 0
 
@@ -229,10 +216,10 @@ def test_sampled_rows_equal_solo_sampling(models, shape: str) -> None:  # noqa: 
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_cache_rows_equal_solo_caches(models, shape: str) -> None:  # noqa: ANN001
+def test_cache_rows_equal_solo_caches(pairs, shape: str) -> None:  # noqa: ANN001
     """Ragged prefill, then rounds of ragged verify blocks with per-row rollbacks (what the loop does):
     every row's K/V up to its length equal a solo prefill of that row's committed tokens."""
-    target, _ = models[shape]
+    target, _ = pairs[shape]
     rows = [p + plain(target, p, 30) for p in (prompt(3, 1), prompt(8, 1), prompt(30, 1))]
     lengths = [3, 8, 30]
     cache = KVCache(target.config, 100, batch=3)
@@ -254,8 +241,8 @@ def test_cache_rows_equal_solo_caches(models, shape: str) -> None:  # noqa: ANN0
                 torch.testing.assert_close(cache.values[layer][b, :, :n], solo.values[layer][0], atol=1e-5, rtol=1e-5)
 
 
-def test_bad_batches_say_what_to_change(models) -> None:  # noqa: ANN001
-    target, drafter = models["dense"]
+def test_bad_batches_say_what_to_change(pairs) -> None:  # noqa: ANN001
+    target, drafter = pairs["dense"]
     with pytest.raises(ValueError, match="the batch is empty"):
         greedy_generate_batch(target, [], 4)
     with pytest.raises(ValueError, match="the prompt is empty"):
