@@ -94,6 +94,7 @@ def speculative_generate_batch(
 
     # 0. Prefill every row in one forward; each commits its first token.
     logits, hidden = prefill(target, cache, prompts)  # (B, V), (B, E) h[t_b-1]
+    device = hidden.device
     seqs = [list(p) + [accept([], logits[b:b + 1], samplers[b], len(p) - 1)[1]] for b, p in enumerate(prompts)]
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:
@@ -114,15 +115,14 @@ def speculative_generate_batch(
         t = [len(seqs[b]) - 1 for b in rows]  # == cache.length, row by row
 
         # 1. Budget, per row: never draft what could not be committed.
-        k_eff = [min(lengths[b].current, budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1, context - len(seqs[b]) - 1)
-                 for b in rows]
+        k_eff = [min(lengths[b].current, budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1,
+                     context - len(seqs[b]) - 1) for b in rows]
 
         # 2. Draft d_1..d_K for every row from (seq_b[t_b], h[t_b-1], position t_b); row b keeps K_b.
-        device = hidden.device
-        last = torch.tensor([seqs[b][-1] for b in rows], device=device)  # (B,)
         k = max(k_eff)
-        drafted = draft_rows(drafter, target, last, hidden, cache.length, target_kv(cache, target, max(t)), k).tolist() \
-            if k else [[] for _ in rows]
+        newest = torch.tensor([seqs[b][-1] for b in rows], device=device)  # (B,) seq_b[t_b]
+        kv = target_kv(cache, target, max(t))  # (B, K, max t, D): row b's keys past t_b - 1 are stale
+        drafted = draft_rows(drafter, target, newest, hidden, cache.length, kv, k).tolist() if k else [[]] * len(rows)
         drafts = [d[:n] for d, n in zip(drafted, k_eff)]
 
         # 3. Verify [seq_b[t_b], d_1..d_K_b] at positions t_b..t_b+K_b, all rows in one target forward.
