@@ -97,6 +97,14 @@ _SHAPE_FIELDS: dict[str, dict] = {
         top_k_experts=2,
         moe_intermediate_size=32,
     ),
+    # Not in SHAPES: two layers, for the statistical tests, which run the model thousands of times.
+    "mini": dict(
+        num_hidden_layers=2,
+        layer_types=[S, F],
+        num_key_value_heads=2,
+        attention_k_eq_v=False,
+        intermediate_size=64,
+    ),
     # 31B-like: dense, K=V, 12 layers so a full layer index has two digits.
     "dense": dict(
         num_hidden_layers=12,
@@ -111,8 +119,8 @@ _SHAPE_FIELDS: dict[str, dict] = {
 
 
 def target_text_config(shape: str) -> Gemma4TextConfig:
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
+    if shape not in _SHAPE_FIELDS:
+        raise ValueError(f"unknown shape {shape!r}; expected one of {tuple(_SHAPE_FIELDS)}")
     return Gemma4TextConfig(**(_COMMON | _SHAPE_FIELDS[shape]))
 
 

@@ -96,21 +96,9 @@ def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
     assert result["speedup"] > 0
 
 
-@pytest.fixture(scope="module")
-def release_target(pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test target with the sampling fields of a Gemma 4 IT generation_config.json."""
-    target = tmp_path_factory.mktemp("release") / "target"
-    shutil.copytree(pair[0], target)
-    gen = json.loads((target / "generation_config.json").read_text())
-    gen.update(do_sample=True, temperature=1.0, top_k=64, top_p=0.95)
-    (target / "generation_config.json").write_text(json.dumps(gen))
-    return target
-
-
-def test_sampling_settings_come_from_generation_config(
-    release_target: Path, pair: tuple[Path, Path], capsys: pytest.CaptureFixture,
-) -> None:
-    common = ["--target", str(release_target), "--assistant", str(pair[1]), "--prompt", "hi",
+def test_sampling_settings_come_from_generation_config(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    # The test target's generation_config.json has the releases' do_sample, T 1.0, top_k 64, top_p 0.95.
+    common = ["--target", str(pair[0]), "--assistant", str(pair[1]), "--prompt", "hi",
               "--max-new-tokens", "24", "--ignore-eos", "--temperature", "1", "--compare"]
     status, out, err = run_inprocess(capsys, [*common, "--json"])
     result = json.loads(out)
@@ -124,10 +112,8 @@ def test_sampling_settings_come_from_generation_config(
     assert "identical tokens     yes" in out and "plain sampling decoding (--compare)" in out
 
 
-def test_sampling_seeds_and_sample_drafting(
-    release_target: Path, pair: tuple[Path, Path], capsys: pytest.CaptureFixture,
-) -> None:
-    common = ["--target", str(release_target), "--assistant", str(pair[1]), "--prompt", "hi",
+def test_sampling_seeds_and_sample_drafting(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    common = ["--target", str(pair[0]), "--assistant", str(pair[1]), "--prompt", "hi",
               "--max-new-tokens", "24", "--ignore-eos", "--temperature", "1", "--json"]
     runs = {}
     for name, extra in {"seed 0": [], "again": [], "seed 1": ["--seed", "1"], "greedy": ["--temperature", "0"],

@@ -183,3 +183,22 @@ def test_bad_drafting_is_refused(models) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match="drafting must be one of argmax, sample"):
         speculative_generate(target, draft_model, prompt("short"), 5, DraftLength(2),
                              sampler=SamplerConfig(), drafting="greedy")
+
+
+def test_sample_drafting_gives_the_centroid_filler_probability_zero(models) -> None:  # noqa: ANN001
+    """The centroid head scores only its candidates; for sampling the rest must get exactly 0 (§11),
+    not transformers' min - 1 filler, which gives every other token a small probability."""
+    target, drafter = models["e2b", "echo"]  # E2B-like: centroid head, 16 centroids, top 4 -> 128 candidates
+    p = prompt("long")
+    out = target.run(torch.tensor([p]))
+    t = len(p)
+    sampler = SamplerConfig(temperature=1.0)  # no top-k/top-p: only the filler can make zeros
+    drafts, q = drafter.propose(target, p[-1], out.hidden[0, -2], t - 1,
+                                {kind: (k[:, :, :t - 1], v[:, :, :t - 1]) for kind, (k, v) in out.shared_kv.items()},
+                                3, sampler)
+    assert q.shape == (3, 512)
+    torch.testing.assert_close(q.sum(dim=-1), torch.ones(3))
+    assert ((q > 0).sum(dim=-1) == 128).all()  # the 4 chosen clusters' tokens, nothing else
+    assert all(float(q[i, d]) > 0 for i, d in enumerate(drafts))
+    transformers_q = drafter.logits(torch.randn(1, drafter.config.text.hidden_size)).softmax(dim=-1)
+    assert (transformers_q > 0).all()  # the default filler, for parity with transformers

@@ -1,0 +1,175 @@
+"""Speculative sampling is exact in distribution, in both drafting modes: a χ² test with teeth.
+
+The law of the first L = 4 new tokens with K = 2 drafts per round (so the first round verifies
+d_1, d_2 and, when both are kept, draws the bonus from the last row) is compared with the exact
+target law, enumerated on a tiny model: with top-k 3 every position has 3 possible tokens, and the
+81 sequences' probabilities are products of warped target rows (a cache-free forward per prefix).
+N runs with seeds 0..N-1 give the observed counts; Pearson's χ² over the cells, those with an
+expected count below 5 merged into one, passes iff χ² < df + 10·sqrt(2·df) (mtp.md §11).
+
+Each mode also runs deliberately wrong acceptance rules (monkeypatched into mtp.speculative) and
+asserts that they fail, so the test is known to detect what it is for:
+- transformers' rule: q = softmax of the raw, unwarped drafter logits in the ratio test
+  (transformers#47932). Against a drafter whose raw q(d) is below the target's p(d) it always keeps d;
+- the bonus drawn from the wrong row (the last draft's row instead of the row after it);
+- argmax drafting: on rejection a fresh draw from p, without removing d.
+(One uniform shared by a block's positions fails too, but only by a small margin at this N; it
+would need N ~ 3000 runs, so it is left out to keep the file fast.)
+
+The pair: a two-layer target (`mini` in tests/checkpoints.py, seed 2: its consecutive positions
+have distinct laws, so a bonus from the wrong row shows) and an `echo` drafter, which proposes
+tokens the target often ranks in its top 3 with a raw probability below the target's, exactly where
+transformers' rule goes wrong. Run with `-s` to print every statistic.
+"""
+
+import math
+
+import pytest
+import torch
+
+import mtp.speculative as spec
+from gemma4 import SamplerConfig, load_target
+from gemma4.sampling import TARGET, UNIFORM, keyed_sample, keyed_uniform, warp
+from mtp import DraftLength, load_drafter, speculative_generate
+from tests.checkpoints import write_assistant, write_target
+from tests.pairs import prompt
+
+L, K, N = 4, 2, 1000
+SAMPLER = dict(temperature=1.0, top_k=3, top_p=1.0)
+STATS: dict[str, tuple[float, float, float]] = {}  # rule -> (χ², threshold), printed at the end
+
+
+@torch.inference_mode()
+def exact_law(target, ids: list[int], sampler: SamplerConfig) -> dict[tuple[int, ...], float]:  # noqa: ANN001
+    """Every sequence of L new tokens with its probability under the warped target, no cache."""
+    law = {(): 1.0}
+    for _ in range(L):
+        longer = {}
+        for seq, p in law.items():
+            row = warp(target(torch.tensor([ids + list(seq)]))[0, -1:], sampler)[0]  # (V,)
+            for token in row.nonzero().flatten().tolist():
+                longer[seq + (token,)] = p * float(row[token])
+        law = longer
+    return law
+
+
+def chi_square(law: dict[tuple[int, ...], float], samples: list[tuple[int, ...]]) -> tuple[float, float]:
+    """Pearson's χ² and the pass threshold df + 10·sqrt(2·df), cells of expected count < 5 merged."""
+    n = len(samples)
+    counts: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    big = [cell for cell, p in law.items() if p * n >= 5]
+    rest_expected = n - sum(law[c] * n for c in big)
+    rest_observed = n - sum(counts.get(c, 0) for c in big)  # small cells and anything outside the law
+    cells = [(counts.get(c, 0), law[c] * n) for c in big] + [(rest_observed, rest_expected)]
+    chi2 = sum((o - e) ** 2 / e for o, e in cells if e > 0) + (math.inf if rest_expected <= 0 < rest_observed else 0)
+    df = len(cells) - 1
+    return chi2, df + 10 * math.sqrt(2 * df)
+
+
+# ---------------------------------------------------------------- the wrong rules
+
+CORRECT_KEYED, CORRECT_REJECTION = spec.accept_keyed, spec.accept_rejection
+RAW_Q: list[torch.Tensor] = []  # softmax of the raw drafter logits of every draft step (see raw_q_spy)
+
+
+def raw_q_spy(drafter, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Record transformers' q at every draft step: softmax of the raw logits, min-1 filler included."""
+    step = drafter.step
+
+    def spy(*args):  # noqa: ANN002, ANN202
+        hn, h = step(*args)
+        RAW_Q.append(drafter.logits(hn[:, 0]).float().softmax(dim=-1)[0])  # (V,)
+        return hn, h
+
+    RAW_Q.clear()
+    monkeypatch.setattr(drafter, "step", spy)
+
+
+def keyed_transformers(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
+    """Argmax drafts, but the ratio test (and residual) against the raw q, as transformers 5.22.2 does."""
+    if not drafts:  # the prefill's first token: no test to run
+        return CORRECT_KEYED(drafts, logits, sampler, t)
+    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)  # q: (K, V)
+
+
+def keyed_wrong_bonus(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
+    a, token = CORRECT_KEYED(drafts, logits, sampler, t)
+    if a == len(drafts) > 0:  # all kept: the bonus from the last draft's row, not from the row after it
+        token = keyed_sample(warp(logits[a - 1:a], sampler), sampler.seed, TARGET, [t + 1 + a])[0]
+    return a, token
+
+
+def keyed_no_zeroing(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
+    """Keep d with probability p(d), else a fresh draw from p, which can be d again."""
+    p = warp(logits, sampler)
+    for i, d in enumerate(drafts):
+        if not keyed_uniform(sampler.seed, UNIFORM, t + 1 + i) < float(p[i, d]):
+            return i, keyed_sample(p[i:i + 1], sampler.seed, TARGET, [t + 1 + i])[0]
+    return len(drafts), keyed_sample(p[-1:], sampler.seed, TARGET, [t + 1 + len(drafts)])[0]
+
+
+def rejection_transformers(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
+    """Sampled drafts, but the raw q in the ratio test and the residual instead of the warped one."""
+    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)
+
+
+def rejection_wrong_bonus(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
+    # Without the last row, the last one left is the last draft's: the bonus is drawn from it.
+    return CORRECT_REJECTION(drafts, q, logits[:-1], sampler, t)
+
+
+RULES = {  # name -> (drafting mode, the function replaced, its replacement); None: the product's own
+    "argmax": ("argmax", None, None),
+    "argmax, transformers' raw-q rule": ("argmax", "accept_keyed", keyed_transformers),
+    "argmax, bonus from the wrong row": ("argmax", "accept_keyed", keyed_wrong_bonus),
+    "argmax, no d-zeroing on rejection": ("argmax", "accept_keyed", keyed_no_zeroing),
+    "sample": ("sample", None, None),
+    "sample, transformers' raw-q rule": ("sample", "accept_rejection", rejection_transformers),
+    "sample, bonus from the wrong row": ("sample", "accept_rejection", rejection_wrong_bonus),
+}
+
+
+# ---------------------------------------------------------------- the tests
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    root = tmp_path_factory.mktemp("distribution")
+    target = write_target(root / "target", "mini", seed=2)
+    drafter = write_assistant(root / "assistant", target, ordered_embeddings=False, echo=True, seed=2)
+    return load_target(target), load_drafter(drafter)
+
+
+@pytest.fixture(scope="module")
+def law(pair) -> dict[tuple[int, ...], float]:  # noqa: ANN001
+    return exact_law(pair[0], prompt("short"), SamplerConfig(**SAMPLER))
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_first_tokens_follow_the_target_law(rule: str, pair, law, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    target, drafter = pair
+    drafting, replaced, replacement = RULES[rule]
+    raw_q_spy(drafter, monkeypatch)
+    if replaced:
+        monkeypatch.setattr(spec, replaced, replacement)
+    samples, accepted = [], 0
+    for seed in range(N):
+        result = speculative_generate(target, drafter, prompt("short"), L, DraftLength(K),
+                                      sampler=SamplerConfig(**SAMPLER, seed=seed), drafting=drafting)
+        samples.append(tuple(result.tokens))
+        accepted += result.stats.accepted
+    chi2, threshold = chi_square(law, samples)
+    STATS[rule] = (chi2, threshold, accepted / N)
+    if replaced is None:
+        assert chi2 < threshold, (rule, chi2, threshold)
+    else:
+        assert chi2 >= threshold, f"the χ² test cannot tell the wrong rule {rule!r} ({chi2:.1f} < {threshold:.1f})"
+
+
+def test_report_statistics() -> None:
+    """Runs after the rules: prints each χ² and its threshold (for the closing note)."""
+    assert len(STATS) == len(RULES)
+    for rule, (chi2, threshold, accepted) in STATS.items():
+        print(f"\n{rule:40s} χ² {chi2:9.1f}  threshold {threshold:6.1f}  accepted drafts per run {accepted:.2f}")
