@@ -76,6 +76,18 @@ def test_rows_equal_solo_runs(pairs, shape: str, k: int) -> None:  # noqa: ANN00
     assert 0 in accepted and max(accepted) > 0  # rejected and accepted drafts in the same batch
 
 
+@pytest.mark.parametrize("schedule", ("heuristic", "heuristic_transient"))
+def test_every_row_adapts_its_own_draft_length(pairs, schedule: str) -> None:  # noqa: ANN001
+    """Each row starts from the schedule's value and moves it on its own acceptances, as alone."""
+    target, drafter = pairs["dense"]
+    length = DraftLength(2, schedule)
+    batch = speculative_generate_batch(target, drafter, PROMPTS, BUDGETS, length)
+    assert length.current == 2  # the batch leaves the caller's schedule as it was
+    solo = [speculative_generate(target, drafter, p, n, DraftLength(2, schedule)) for p, n in zip(PROMPTS, BUDGETS)]
+    assert [rounds(r) for r in batch] == [rounds(r) for r in solo]
+    assert len({len(d) for r in batch for d, _ in rounds(r)}) > 1  # the draft lengths did move
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_plain_rows_equal_greedy(pairs, shape: str) -> None:  # noqa: ANN001
     target, _ = pairs[shape]
