@@ -7,11 +7,23 @@
 - `length` is the number of valid positions. The generation loop owns it: a forward writes K/V at the
   positions it is given and never moves `length`; the loop sets it after committing tokens. Rolling
   back means lowering `length`; later writes overwrite the stale slots.
+- A batch of rows at different positions (mtp §11b): `length` is then a (B,) tensor, row b's T new
+  tokens are written at its own positions length_b.. in one indexed assignment, and every slot past a
+  row's own positions is stale: the causal mask hides it. A finished row leaves with `keep`.
 """
+
+from typing import NamedTuple
 
 import torch
 
 from gemma4.config import TextConfig
+
+
+class RowSlots(NamedTuple):
+    """Where one batched forward writes: row b's T new tokens at positions start_b..start_b+T-1."""
+    rows: torch.Tensor  # (B, 1): the row index of every slot
+    positions: torch.Tensor  # (B, T)
+    end: int  # max_b start_b + T: reads cover positions 0..end-1 of every row
 
 
 class KVCache:
@@ -20,7 +32,7 @@ class KVCache:
         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
     ) -> None:
         self.capacity = capacity
-        self.length = 0
+        self.length: int | torch.Tensor = 0  # per row (B,) in a batch whose rows sit at different positions
         # layer -> (B, K, S_max, D); one pair per layer that computes its own K/V
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
@@ -29,8 +41,23 @@ class KVCache:
             self.keys[i] = torch.zeros(shape, dtype=dtype, device=device)
             self.values[i] = torch.zeros(shape, dtype=dtype, device=device)
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def row_slots(self, start: torch.Tensor, t: int) -> RowSlots:
+        """Per-row positions for T new tokens at start (B,), checked once per forward, not per layer."""
+        end = int(start.max()) + t
+        if bool((start > self.length).any()):
+            raise ValueError(f"writes at positions {start.tolist()} would leave a hole: {self.length.tolist()} are valid")
+        if end > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} positions; position {end - 1} does not fit")
+        positions = start[:, None] + torch.arange(t, device=start.device)  # (B, T)
+        return RowSlots(torch.arange(len(start), device=start.device)[:, None], positions, end)
+
+    def write(self, layer: int, start: int | RowSlots, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at positions start..start+T-1; return views of positions 0..start+T-1."""
+        if isinstance(start, RowSlots):  # advanced indices [rows, :, positions] address (B, T, K, D)
+            self.keys[layer][start.rows, :, start.positions] = k.transpose(1, 2)
+            self.values[layer][start.rows, :, start.positions] = v.transpose(1, 2)
+            return self.read(layer, start.end)
         end = start + k.shape[2]
         if start > self.length:
             raise ValueError(f"write at position {start} would leave a hole: only {self.length} positions are valid")
@@ -43,3 +70,11 @@ class KVCache:
     def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of positions 0..end-1 of one layer: what the drafter attends to."""
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]  # (B, K, end, D)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these rows, in this order: finished rows leave the batch (a copy per finish, not per step)."""
+        index = torch.tensor(rows, device=self.length.device)
+        for layer in self.keys:
+            self.keys[layer] = self.keys[layer][index]  # (B', K, S_max, D)
+            self.values[layer] = self.values[layer][index]
+        self.length = self.length[index]

@@ -9,6 +9,8 @@ Spec: shared/spec/gemma4.md (cited as §n). Facts a reader must know:
   exactly what the MTP drafter reads.
 - Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§2.9); the MoE block
   (26B-A4B) runs beside the dense MLP, not instead of it (§2.7).
+- A batch of rows may sit at different positions (mtp §11b): `start_pos` is then a (B,) tensor, and
+  RoPE, masks and cache writes are per row. Batch 1 keeps its plain int path.
 
 Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim,
 E hidden size, V vocab, L layers, P PLE width, X experts, I expert width, k experts per token.
@@ -21,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemma4.cache import KVCache
-from gemma4.config import FULL, SLIDING, RopeConfig, TextConfig
+from gemma4.cache import KVCache, RowSlots
+from gemma4.config import SLIDING, RopeConfig, TextConfig
 from gemma4.packing import Linear, Packed, linear
 
 
@@ -89,12 +91,13 @@ def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> t
 
 
 def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and *signed* sin (T, 1, D), ready to broadcast over heads; see apply_rope for the sign."""
-    angles = positions.float()[:, None] * freqs[None, :]  # (T, D/2), fp32
+    """positions (T,) or per row (B, T) -> cos and *signed* sin (T, 1, D) or (B, T, 1, D), ready to
+    broadcast over heads; see apply_rope for the sign."""
+    angles = positions.float()[..., None] * freqs  # (T, D/2) or (B, T, D/2), fp32
     cos, sin = angles.cos(), angles.sin()
     cos = torch.cat([cos, cos], dim=-1)  # (T, D): dims i and i + D/2 share an angle
     sin = torch.cat([-sin, sin], dim=-1)  # (T, D): the minus of rot(x)'s first half, moved onto sin
-    return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)  # (T, 1, D)
+    return cos[..., None, :].to(dtype), sin[..., None, :].to(dtype)  # (T, 1, D) or (B, T, 1, D)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -102,25 +105,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x·cos + rot(x)·sin with rot(x) = (-x2, x1). The swap is one `roll` and the sign sits in `sin`
     (rope_cos_sin): (-x2)·s == x2·(-s) exactly, so this is the textbook formula with two fewer ops.
     """
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, H, D) * (T, 1, D)
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, H, D) * ((B,) T, 1, D)
 
 
 # ---------------------------------------------------------------- masks (§2.8)
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """(T, S) bool, True = visible: key j to query p iff j <= p (and p - window < j). The one mask
-    helper: prefill, one-token decode, (K+1)-token verification and the drafter."""
-    visible = k_pos[None, :] <= q_pos[:, None]  # (T, S)
+    """q_pos (T,), k_pos (S,) -> (T, S) bool, True = visible: key j to query p iff j <= p (and
+    p - window < j). The one mask helper: prefill, one-token decode, (K+1)-token verification and the
+    drafter. Per-row query positions (B, T) give (B, 1, T, S), one mask for all heads of a row; a key
+    past a row's own positions is a stale slot, and j <= p hides it."""
+    p = q_pos[..., None]  # (T, 1) or (B, T, 1)
+    visible = k_pos <= p  # (T, S) or (B, T, S)
     if window is not None:
-        visible &= k_pos[None, :] > q_pos[:, None] - window
-    return visible
+        visible &= k_pos > p - window
+    return visible if q_pos.dim() == 1 else visible[:, None]
 
 
 class LayerInputs(NamedTuple):
     """What every layer of one type needs for one forward, computed once per type."""
-    cos: torch.Tensor  # (T, 1, D)
-    sin: torch.Tensor  # (T, 1, D), signed: see apply_rope
-    mask: torch.Tensor | None  # (T, S') additive (0 visible, -inf hidden) over keys key_start..end-1
+    cos: torch.Tensor  # (T, 1, D), per row (B, T, 1, D)
+    sin: torch.Tensor  # the same shape, signed: see apply_rope
+    mask: torch.Tensor | None  # (T, S') or (B, 1, T, S') additive (0 visible, -inf hidden), keys key_start..
     key_start: int  # sliding layers skip keys that left the window
 
 
@@ -133,7 +139,7 @@ def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | N
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """q (B, T, H, D), k/v (B, K, S, D), mask (T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
+    """q (B, T, H, D), k/v (B, K, S, D), mask (T, S) or (B, 1, T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
     return out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
 
@@ -159,10 +165,10 @@ class Attention(nn.Module):
                 self.v_proj = Linear(e, kv_heads * d)
 
     def forward(
-        self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, start: int,
+        self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, start: int | RowSlots,
         shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x (B, T, E) -> (B, T, E), and this layer's K/V over positions 0..start+T-1."""
+        """x (B, T, E) -> (B, T, E), and this layer's K/V over positions 0..start+T-1 (0..end-1 per row)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, -1, self.head_dim)  # (B, T, H, D), head-major columns
         q = apply_rope(self.q_norm(q), inp.cos, inp.sin)
@@ -260,7 +266,7 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, h: torch.Tensor, inp: LayerInputs, ple: torch.Tensor | None, cache: KVCache | None,
-        start: int, shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
+        start: int | RowSlots, shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """h (B, T, E) -> (B, T, E); ple (B, T, P) or None."""
         a, kv = self.self_attn(self.input_layernorm(h), inp, cache, start, shared_kv)
@@ -317,16 +323,22 @@ class Gemma4Model(nn.Module):
         ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
         return (ctx + tok.unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
 
-    def layer_inputs(self, start: int, end: int, dtype: torch.dtype, device: torch.device) -> dict[str, LayerInputs]:
-        """RoPE tables and masks for queries at start..end-1, once per layer type (not per layer)."""
+    def layer_inputs(self, start: int | torch.Tensor, t: int, dtype: torch.dtype, device: torch.device
+                     ) -> dict[str, LayerInputs]:
+        """RoPE tables and masks for T queries at start.., once per layer type (not per layer); per row
+        when start is a (B,) tensor: row b's queries at start_b..start_b+T-1 over keys 0..max end-1."""
         c = self.config
-        q_pos = torch.arange(start, end, device=device)
+        if isinstance(start, int):
+            q_pos, first, end = torch.arange(start, start + t, device=device), start, start + t  # (T,)
+        else:
+            q_pos = start[:, None] + torch.arange(t, device=device)  # (B, T)
+            first, end = int(start.min()), int(start.max()) + t
         out = {}
         for kind in set(c.layer_types):
             window = c.sliding_window if kind == SLIDING else None
             # Keys that left every query's window are not even multiplied (sliding layers only).
-            key_start = max(0, start - window + 1) if window else 0
-            mask = attention_mask(q_pos, torch.arange(key_start, end, device=device), window)  # (T, S')
+            key_start = max(0, first - window + 1) if window else 0
+            mask = attention_mask(q_pos, torch.arange(key_start, end, device=device), window)  # (T, S') or (B, 1, T, S')
             mask = additive_mask(mask, dtype)
             head_dim = c.head_dims[c.layer_types.index(kind)]
             cos, sin = rope_cos_sin(q_pos, rope_frequencies(c.rope[kind], head_dim, device), dtype)
@@ -338,34 +350,40 @@ class Gemma4Model(nn.Module):
         return self.run(input_ids).logits
 
     def run(
-        self, input_ids: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0,
+        self, input_ids: torch.Tensor, cache: KVCache | None = None, start_pos: int | torch.Tensor = 0,
         num_logits: int | None = None,
     ) -> ModelOutput:
-        """input_ids (B, T) at positions start_pos..start_pos+T-1.
+        """input_ids (B, T) at positions start_pos..start_pos+T-1; per row when start_pos is a (B,) tensor.
 
         With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1;
         the caller moves `cache.length` afterwards. Without one, the forward is self-contained and
-        starts at position 0. `num_logits` limits the head to the last n positions (prefill needs 1).
+        starts at position 0. `num_logits` limits the head to the last n positions (prefill needs 1;
+        0 computes none: a ragged batch takes each row's own with `logits`).
         """
         c = self.config
-        if cache is None and start_pos != 0:
+        if cache is None and (not isinstance(start_pos, int) or start_pos != 0):
             raise ValueError("a forward without a cache starts at position 0")
         b, t = input_ids.shape
         x = self.embed(input_ids)  # (B, T, E)
         ple = self.per_layer_inputs(input_ids, x) if c.ple_dim else None  # (B, T, L, P)
-        inputs = self.layer_inputs(start_pos, start_pos + t, x.dtype, x.device)
+        inputs = self.layer_inputs(start_pos, t, x.dtype, x.device)
+        # Where each row's K/V go: one int for all rows, or per-row slots computed once per forward.
+        slots = start_pos if isinstance(start_pos, int) else cache.row_slots(start_pos, t)
         ples = [None] * c.num_layers if ple is None else ple.unbind(dim=2)  # L x (B, T, P)
         source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
         h = x
         for layer, layer_ple in zip(self.layers, ples):
             shared = source_kv[layer.kind] if layer.shared else None
-            h, kv = layer(h, inputs[layer.kind], layer_ple, cache, start_pos, shared)
+            h, kv = layer(h, inputs[layer.kind], layer_ple, cache, slots, shared)
             if not layer.shared:
                 source_kv[layer.kind] = kv  # after the loop: exactly kv_source(kind)'s K/V
         hidden = self.norm(h)  # (B, T, E)
         n = t if num_logits is None else num_logits
-        logits = linear(hidden[:, t - n:], self.embed_tokens.weight, self.head_packed)  # tied head, unscaled; (B, n, V)
-        if c.final_logit_softcapping:
-            cap = c.final_logit_softcapping
+        return ModelOutput(self.logits(hidden[:, t - n:]), hidden, source_kv)  # (B, n, V)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Post-norm hidden (..., E) -> softcapped logits (..., V) through the tied head, unscaled."""
+        logits = linear(hidden, self.embed_tokens.weight, self.head_packed)
+        if cap := self.config.final_logit_softcapping:
             logits = torch.tanh(logits / cap) * cap
-        return ModelOutput(logits, hidden, source_kv)
+        return logits

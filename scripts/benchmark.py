@@ -25,6 +25,8 @@ Sections (`--only a,b`):
 - `memory`: peak resident memory of `load_target` (packing included) in a fresh process, during loading
   and after a first forward: the bfloat16 E2B-sized checkpoint loaded as bfloat16 (memory-mapped) and as
   float32 (every weight cast), and the float32 one as float32.
+- `batch`, `experts` (scripts/_benchmark_batch.py): the demo pair decoding B = 1, 2, 4, 8 prompts as one
+  batch against the same prompts one after another; unique MoE experts per forward against uniform routing.
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every
 method once, the order reversed on every other repetition, after one untimed warm-up; tokens/s is taken
@@ -51,6 +53,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import torch  # noqa: E402
 
+from _benchmark_batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section  # noqa: E402
 from _benchmark_report import goals, table  # noqa: E402
 from _random_pair import e2b_configs, write_pair  # noqa: E402
 from _transformers_baseline import load_transformers, tf_decode_step, tf_generate  # noqa: E402
@@ -62,7 +65,7 @@ from gemma4.tokenizer import Gemma4Tokenizer  # noqa: E402
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
 from mtp.speculative import target_kv  # noqa: E402
 
-SECTIONS = ("demo", "e2b", "costs", "bandwidth", "bf16", "memory")
+SECTIONS = ("demo", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts")
 DEMO = REPO / "scripts" / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -349,7 +352,17 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
         result["memory_float32"] = memory_section(t_dir, "float32")  # every weight cast, then packed
         t_dir, _ = write_pair(e2b_dir / "float32", *e2b_configs(E2B_VOCAB), torch.float32)
         result["memory_float32_file"] = memory_section(t_dir, "float32")  # views, then packed
-    result["goals"] = goals(result)
+    if "batch" in sections and (target_dir / "config.json").is_file():  # scripts/_benchmark_batch.py
+        say("batch: B = 1, 2, 4, 8 prompts as one batch and one after another")
+        tok = target_dir / "tokenizer.json"
+        prompts = ([Gemma4Tokenizer(tok).encode_raw(p) for p in DEMO_PROMPTS] if tok.is_file()
+                   else [random_prompt(target_dir, 8 + 3 * i) for i in range(len(DEMO_PROMPTS))])
+        result["batch"] = batch_section(load_target(target_dir), load_drafter(assistant_dir), prompts, tokens,
+                                        min(reps, 3), k or assistant_k(assistant_dir), interleaved)
+    if "experts" in sections:
+        say("experts: unique experts per MoE layer, decode, verify and batches")
+        result["experts"] = experts_section()
+    result["goals"] = goals(result) + batch_goal(result)
     return result
 
 
@@ -389,4 +402,4 @@ if __name__ == "__main__":
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
     out = main(only, a.target, a.assistant, a.tokens, a.e2b_tokens, a.reps, a.e2b_reps, a.k, a.e2b_dir, a.threads,
                a.copy_mib, not a.no_transformers)
-    print(json.dumps(out, indent=1) if a.json else table(out))
+    print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out))

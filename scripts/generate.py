@@ -19,9 +19,11 @@ from typing import NoReturn
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
+sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
 
 import torch  # noqa: E402
 
+from _batch import run_batch, split_prompts  # noqa: E402
 from gemma4.config import read_json  # noqa: E402
 from gemma4.generate import check_prompt, sample_generate  # noqa: E402
 from gemma4.sampling import SamplerConfig  # noqa: E402
@@ -234,8 +236,12 @@ def main(
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, drafting: str | None = None,
     threads: int | None = None,
     show_drafts: bool = False, compare: bool = False, json_output: bool = False, demo: Path = DEMO,
+    batch: list[str] | list[list[int]] | None = None,
 ) -> int:
-    """Run one generation and print it; returns the exit status (0, or 130 after Ctrl-C)."""
+    """Run one generation and print it; returns the exit status (0, or 130 after Ctrl-C).
+    `batch`: several prompts (texts or id lists), decoded as one batch (scripts/_batch.py)."""
+    if batch:  # the first row goes through every check of a single prompt
+        prompt, prompt_ids = (batch[0], None) if isinstance(batch[0], str) else (None, batch[0])
     check_options(prompt, prompt_ids, raw, max_new_tokens, num_assistant_tokens, schedule, dtype,
                   temperature, top_k, top_p, drafting, no_assistant)
     if threads is not None and threads < 1:
@@ -264,18 +270,22 @@ def main(
     target_dir = resolve_model_dir(target)  # a Hub id is downloaded here
     model = load_target(target_dir, DTYPES[dtype], dev)
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
-    if prompt_ids is None:
+    # 26B-A4B and 31B render an empty thought block after the model turn, E2B and E4B do not
+    # (spec gemma4.md §5). Only E2B/E4B have Per-Layer Embeddings, and their hidden size is at
+    # most 2560; the larger two have no PLE and hidden 2816 / 5376.
+    empty_thought = not model.config.ple_dim and model.config.hidden_size > 2560
+
+    def encode(text: str) -> list[int]:
         if tokenizer is None:
             raise UsageError(f"{target_dir} has no tokenizer.json to encode --prompt: add it, or give --prompt-ids")
-        # 26B-A4B and 31B render an empty thought block after the model turn, E2B and E4B do not
-        # (spec gemma4.md §5). Only E2B/E4B have Per-Layer Embeddings, and their hidden size is at
-        # most 2560; the larger two have no PLE and hidden 2816 / 5376.
-        empty_thought = not model.config.ple_dim and model.config.hidden_size > 2560
-        prompt_ids = tokenizer.encode_raw(prompt) if raw else tokenizer.encode_chat(prompt, empty_thought)
+        return tokenizer.encode_raw(text) if raw else tokenizer.encode_chat(text, empty_thought)
+
+    if prompt_ids is None:
+        prompt_ids = encode(prompt)
     check_prompt(model, prompt_ids, max_new_tokens)
     stops = [] if ignore_eos else stop_ids(target_dir)
     how = "raw" if raw else "as given" if prompt is None else "chat template"
-    say(json_output, f"prompt     {len(prompt_ids)} tokens ({how})")
+    say(json_output, f"prompt     {len(prompt_ids)} tokens ({how})" + (f", the first of {len(batch)} rows" if batch else ""))
     sampler, source = sampler_settings(target_dir, temperature, top_k, top_p, seed)
     if not sampler.greedy:
         say(json_output, f"sampling   temperature {sampler.temperature:g}, top-k {sampler.top_k}, top-p {sampler.top_p:g}"
@@ -299,6 +309,14 @@ def main(
             num_assistant_tokens = int(read_json(gen).get("num_assistant_tokens", 4)) if gen.is_file() else 4
         draft_length = DraftLength(num_assistant_tokens, schedule)
         say(json_output, f"assistant  {assistant} ({num_assistant_tokens} drafts per round, {schedule} schedule)")
+    if batch:
+        sampling = lambda row_seed: {"temperature": sampler.temperature, "top_k": sampler.top_k,  # noqa: E731
+                                     "top_p": sampler.top_p, "seed": row_seed, "drafting": drafter and drafting}
+        rows = [encode(p) if isinstance(p, str) else p for p in batch]
+        result, text = run_batch(model, drafter, draft_length, rows, max_new_tokens, stops, sampler, drafting,
+                                 tokenizer, json_output, compare, show_drafts, stats_json, sampling)
+        print(json.dumps(result) if json_output else text)
+        return 0
     if show_drafts and not json_output:
         style = "green" if sys.stdout.isatty() else "[bracketed]"
         say(False, f"{style} text was proposed by the drafter and accepted; the rest the target supplied\n")
@@ -380,10 +398,12 @@ def parser() -> Parser:
                    help="checkpoint directory or Hub id (default: the target's id + '-assistant')")
     p.add_argument("--no-assistant", action="store_true", help="plain greedy decoding, no drafter")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--prompt", metavar="TEXT",
-                        help="user text, rendered with the chat template (default: a short story request)")
-    source.add_argument("--prompt-ids", metavar="IDS", type=token_ids,
-                        help="exact token ids, e.g. 2,105,2364; nothing is added")
+    source.add_argument("--prompt", metavar="TEXT", action="append",
+                        help="user text, rendered with the chat template (default: a short story request); "
+                             "several: one batch, a row each")
+    source.add_argument("--prompt-ids", metavar="IDS", type=token_ids, action="append",
+                        help="exact token ids, e.g. 2,105,2364; nothing is added; several: a row each")
+    p.add_argument("--prompts-file", metavar="FILE", help="one text prompt per line, a row each (with --prompt: after it)")
     p.add_argument("--raw", action="store_true", help="send --prompt as it is, after one <bos>, without the template")
     p.add_argument("--max-new-tokens", metavar="N", type=int, default=128)
     p.add_argument("--num-assistant-tokens", metavar="K", type=int,
@@ -419,7 +439,7 @@ def cli(argv: list[str] | None = None, demo: Path = DEMO) -> int:
     if not argv:  # the demo: show the mechanism
         args.update(show_drafts=True, compare=True, **DEMO_SAMPLING)
     try:
-        return main(**args, demo=demo)
+        return main(**split_prompts(args), demo=demo)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED

@@ -1,0 +1,150 @@
+"""The speculative loop over a batch of prompts: every row is its own run (spec mtp.md §7, §11b).
+
+The batch-1 loop in mtp/speculative.py stays the textbook; this is the same loop over B rows beside
+it, its numbered steps the spec's, and the tests hold every row against the solo run.
+Per-row state: the committed sequence (so t_b), the hidden h[t_b-1], a draft length and statistics;
+the cache holds a (B,) length, one per row. Facts a reader must know:
+- Row b drafts at its own position t_b over its own keys 0..t_b-1, verifies at t_b..t_b+K_b and rolls
+  back by setting its own length to t_b + a_b + 1. Nothing is shared but the forward.
+- One drafter call drafts max_b K_b tokens for every row; row b keeps its first K_b. One verify
+  forward takes every row's block, right-padded to the longest: pads land at positions past the row's
+  block, in slots that are stale after the round (the causal mask hides them; later writes overwrite).
+- A row that commits a stop id or spends its budget leaves the batch; it never stops another.
+- With a sampler per row (temperature > 0, `argmax` drafting, §11), the target's token at absolute
+  position n of row b is the keyed sample of that row's warped logits with that row's seed, as in
+  plain sampling; so row b equals its solo run (plain sampling with the same seed) token for token.
+
+Shape legend: B rows still in the batch, K drafts, V vocab, E target hidden, D drafter hidden.
+"""
+
+import copy
+from collections.abc import Sequence
+
+import torch
+
+from gemma4.batch import PAD, check_prompts, new_cache, per_row, prefill
+from gemma4.model import Gemma4Model
+from gemma4.sampling import SamplerConfig
+from mtp.drafter import Drafter
+from mtp.speculative import DraftLength, Round, SpecResult, SpecStats, accept_greedy, accept_keyed, target_kv
+
+
+def draft_rows(
+    drafter: Drafter, target: Gemma4Model, tokens: torch.Tensor, hidden: torch.Tensor, t: torch.Tensor,
+    shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int,
+) -> torch.Tensor:
+    """Drafter.draft for every row at once: tokens (B,), hidden (B, E) at t_b - 1, positions t (B,)
+    and the target's K/V (B, K, max t, D) -> greedy drafts (B, k). Row b's query stays at t_b (§4)
+    and sees its keys 0..t_b-1 only: the mask helper hides the stale slots of shorter rows."""
+    inputs = drafter.layer_inputs(t[:, None], int(t.max()), hidden.dtype)  # masks (B, 1, 1, S), RoPE (B, 1, 1, D)
+    h, token = hidden[:, None], tokens[:, None]  # (B, 1, E), (B, 1)
+    drafts = []
+    for _ in range(k):
+        hn, h = drafter.step(target.embed(token), h, inputs, shared_kv)  # (B, 1, D), (B, 1, E)
+        token = drafter.greedy_token(hn[:, 0])[:, None]  # (B, 1)
+        drafts.append(token)
+    return torch.cat(drafts, dim=1)  # (B, k)
+
+
+def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int) -> tuple[int, int]:
+    """Step 4 for one row, by the solo loop's own rules: logits (K+1, V) of positions t+1..; returns a
+    and the token after the accepted drafts. Greedy (§7), or keyed samples with the row's seed (§11)."""
+    return accept_greedy(drafts, logits) if sampler is None else accept_keyed(drafts, logits, sampler, t)
+
+
+def record(stats: SpecStats, length: DraftLength, drafts: list[int], a: int, block: list[int]) -> None:
+    """The round's statistics, as mtp/speculative.py keeps them: only committed drafts count as accepted."""
+    committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
+    stats.emitted += len(block)
+    stats.target_forwards += 1
+    if not drafts:
+        return
+    stats.rounds.append(Round(drafts, a))
+    stats.drafted += len(drafts)
+    stats.accepted += committed_drafts
+    for i in range(len(drafts)):
+        if i == len(stats.drafted_at):
+            stats.drafted_at.append(0)
+            stats.accepted_at.append(0)
+        stats.drafted_at[i] += 1
+        stats.accepted_at[i] += i < committed_drafts
+    length.update(a, len(drafts))
+
+
+@torch.inference_mode()
+def speculative_generate_batch(
+    target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
+    draft_length: DraftLength, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+    samplers: Sequence[SamplerConfig] | None = None,
+) -> list[SpecResult]:
+    """speculative_generate over B rows; row b's result equals its solo run's. Every row starts from
+    draft_length's value and adapts it on its own acceptances; draft_length itself is left as it is."""
+    budgets, stops = per_row(max_new_tokens, stop_ids, len(prompts))
+    check_prompts(target, prompts, budgets)
+    # Temperature 0 is the greedy loop itself; only `argmax` drafting (§11) runs in a batch.
+    samplers = [None if s is None or s.greedy else s for s in (samplers or [None] * len(prompts))]
+    context = target.config.max_position_embeddings
+    # Room for the pads of a verify block: row b writes at most max_b K_b + 1 positions from t_b.
+    longest = max(min(len(p) + n, context) for p, n in zip(prompts, budgets))
+    cache = new_cache(target, len(prompts), longest + min(max(budgets), context))
+    draft_length.start_call()
+    lengths = [copy.copy(draft_length) for _ in prompts]
+    stats = [SpecStats(target_forwards=1, emitted=1) for _ in prompts]
+    results: list[SpecResult | None] = [None] * len(prompts)
+
+    # 0. Prefill every row in one forward; each commits its first token.
+    logits, hidden = prefill(target, cache, prompts)  # (B, V), (B, E) h[t_b-1]
+    device = hidden.device
+    seqs = [list(p) + [accept([], logits[b:b + 1], samplers[b], len(p) - 1)[1]] for b, p in enumerate(prompts)]
+    rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
+    while True:
+        # 7. Stop (checked first, as in the solo loop): a row with a stop id or a spent budget leaves.
+        going = []
+        for i, b in enumerate(rows):
+            new = len(seqs[b]) - len(prompts[b])
+            if seqs[b][-1] in stops[b] or new == budgets[b] or len(seqs[b]) >= context:
+                results[b] = SpecResult(seqs[b][len(prompts[b]):], stats[b],
+                                        "stop" if seqs[b][-1] in stops[b] else "length")
+            else:
+                going.append(i)
+        if not going:
+            return results
+        if len(going) < len(rows):
+            cache.keep(going)
+            rows, hidden = [rows[i] for i in going], hidden[going]
+        t = [len(seqs[b]) - 1 for b in rows]  # == cache.length, row by row
+
+        # 1. Budget, per row: never draft what could not be committed.
+        k_eff = [min(lengths[b].current, budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1,
+                     context - len(seqs[b]) - 1) for b in rows]
+
+        # 2. Draft d_1..d_K for every row from (seq_b[t_b], h[t_b-1], position t_b); row b keeps K_b.
+        k = max(k_eff)
+        newest = torch.tensor([seqs[b][-1] for b in rows], device=device)  # (B,) seq_b[t_b]
+        kv = target_kv(cache, target, max(t))  # (B, K, max t, D): row b's keys past t_b - 1 are stale
+        drafted = draft_rows(drafter, target, newest, hidden, cache.length, kv, k).tolist() if k else [[]] * len(rows)
+        drafts = [d[:n] for d, n in zip(drafted, k_eff)]
+
+        # 3. Verify [seq_b[t_b], d_1..d_K_b] at positions t_b..t_b+K_b, all rows in one target forward.
+        ids = torch.tensor([[seqs[b][-1]] + d + [PAD] * (k - len(d)) for b, d in zip(rows, drafts)], device=device)
+        out = target.run(ids, cache, start_pos=cache.length)  # logits (B, k+1, V)
+
+        accepted = []
+        for i, b in enumerate(rows):
+            # 4. Accept the longest prefix of row b's drafts equal to the target's own tokens.
+            d = drafts[i]
+            a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i])  # the row's pads are not read
+            # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
+            block = d[:a] + [last]
+            for j, token in enumerate(block):
+                if token in stops[b]:
+                    block = block[: j + 1]
+                    break
+            seqs[b] += block
+            record(stats[b], lengths[b], d, a, block)
+            accepted.append(a)
+
+        # 6. Roll back, row by row: positions t_b..t_b+a_b hold committed K/V; the rest is stale.
+        a = torch.tensor(accepted, device=device)  # (B,)
+        cache.length = cache.length + a + 1
+        hidden = out.hidden[torch.arange(len(rows), device=device), a]  # (B, E) h[t'_b - 1]

@@ -1,0 +1,133 @@
+"""scripts/generate.py with several prompts: one batch, every row its own run (mtp.md §11b).
+
+- `--prompt` and `--prompt-ids` may be given several times, one row each, and `--prompts-file FILE`
+  adds one text prompt per line. One prompt in all runs exactly as before; several run as one batch
+  (gemma4/batch.py, mtp/batch.py) and each row's text is printed, labelled, after the run.
+- With sampling, row i uses seed + i: `--seed` + i reproduces that row alone.
+- `--json` prints {"rows": [the one-prompt object of each row], "stats": {batch totals}}. A row's
+  `seconds` is the batch's wall time (its rows run together); the totals' `tokens_per_second` is all
+  rows' new tokens over that time.
+- `--compare` runs the same prompts one after another, each alone: identical tokens? how much faster?
+"""
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gemma4.batch import sample_generate_batch
+from gemma4.generate import check_prompt, sample_generate
+from gemma4.model import Gemma4Model
+from gemma4.sampling import SamplerConfig
+from gemma4.tokenizer import Gemma4Tokenizer
+from mtp import DraftLength, Drafter, speculative_generate
+from mtp.batch import speculative_generate_batch
+
+
+def read_prompts(path: str) -> list[str]:
+    """One text prompt per line of the file; a blank line is a mistake, not an empty prompt."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or type(e).__name__
+        raise ValueError(f"cannot read --prompts-file {path} ({reason}): give a readable UTF-8 text file") from None
+    if not lines:
+        raise ValueError(f"--prompts-file {path} is empty: write one prompt per line")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            raise ValueError(f"line {i} of --prompts-file {path} is empty: one prompt per line, no blank lines")
+    return lines
+
+
+def split_prompts(args: dict[str, Any]) -> dict[str, Any]:
+    """The parsed arguments with one prompt as `prompt` / `prompt_ids` (as before), or several as `batch`."""
+    texts, ids = list(args.pop("prompt") or []), list(args.pop("prompt_ids") or [])
+    file = args.pop("prompts_file")
+    if file is not None:
+        if ids:
+            raise ValueError("--prompts-file holds text prompts: give --prompt with it, not --prompt-ids")
+        texts += read_prompts(file)
+    rows: list = texts or ids
+    if len(rows) > 1:
+        for row in rows:
+            if (isinstance(row, str) and not row.strip()) or row == []:
+                raise ValueError("one of the prompts is empty: give each --prompt some text, each --prompt-ids some ids")
+        return args | {"prompt": None, "prompt_ids": None, "batch": rows}
+    return args | {"prompt": texts[0] if texts else None, "prompt_ids": ids[0] if ids else None}
+
+
+def run_batch(
+    model: Gemma4Model, drafter: Drafter | None, draft_length: DraftLength | None, rows: list[list[int]],
+    max_new_tokens: int, stops: list[int], sampler: SamplerConfig, drafting: str,
+    tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool, show_drafts: bool,
+    row_stats: Callable[..., dict], sampling_json: Callable[[int], dict],
+) -> tuple[dict, str]:
+    """Decode the rows as one batch; returns the --json object and the text to print otherwise."""
+    if drafter is not None and drafting == "sample" and not sampler.greedy:
+        raise ValueError("--drafting sample runs one prompt at a time: batches draft by argmax (the default)")
+    if show_drafts and not json_output:
+        raise ValueError("--show-drafts marks the streamed text of one prompt: give one prompt, or drop it")
+    for ids in rows:
+        check_prompt(model, ids, max_new_tokens)
+    samplers = [dataclasses.replace(sampler, seed=sampler.seed + i) for i in range(len(rows))]  # row i: seed + i
+
+    def batch() -> list[tuple[list[int], Any, str]]:
+        if drafter is not None:
+            out = speculative_generate_batch(model, drafter, rows, max_new_tokens, draft_length, stops, samplers)
+            return [(r.tokens, r.stats, r.finish_reason) for r in out]
+        out = sample_generate_batch(model, rows, max_new_tokens, samplers, stops)
+        return [(tokens, None, "stop" if tokens[-1] in stops else "length") for tokens in out]
+
+    def one_after_another() -> list[list[int]]:
+        if drafter is not None:
+            return [speculative_generate(model, drafter, ids, max_new_tokens, draft_length, stops, s).tokens
+                    for ids, s in zip(rows, samplers)]
+        return [sample_generate(model, ids, max_new_tokens, s, stops) for ids, s in zip(rows, samplers)]
+
+    start = time.perf_counter()
+    results = batch()
+    seconds = time.perf_counter() - start
+    text = (lambda tokens: None) if tokenizer is None else (lambda tokens: tokenizer.decode(tokens, skip_special_tokens=True))
+    out_rows = [{"tokens": tokens, "text": text(tokens), "finish_reason": reason,
+                 "stats": row_stats(stats, tokens, seconds), "sampling": sampling_json(samplers[i].seed)}
+                for i, (tokens, stats, reason) in enumerate(results)]
+    new = sum(len(tokens) for tokens, _, _ in results)
+    drafted = sum(r["stats"]["drafted"] for r in out_rows)
+    accepted = sum(r["stats"]["accepted"] for r in out_rows)
+    totals = {"rows": len(rows), "tokens": new,
+              # every batched forward holds every row still going, so the last row to finish was in all of them
+              "target_forwards": max(r["stats"]["target_forwards"] for r in out_rows),
+              "drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / drafted if drafted else 0.0,
+              "seconds": seconds, "tokens_per_second": new / seconds if seconds else 0.0}
+    if compare:
+        if not json_output:  # progress goes to stderr, and --json keeps stderr quiet too
+            print("running the same prompts one after another for --compare ...", file=sys.stderr)
+        start = time.perf_counter()
+        alone = one_after_another()
+        solo_seconds = time.perf_counter() - start
+        totals["sequential"] = {"seconds": solo_seconds, "tokens_per_second": new / solo_seconds if solo_seconds else 0.0}
+        totals["identical"] = alone == [tokens for tokens, _, _ in results]
+        totals["speedup"] = solo_seconds / seconds if seconds else 0.0
+    return {"rows": out_rows, "stats": totals}, report(out_rows, totals, drafter is not None)
+
+
+def report(rows: list[dict], totals: dict, speculative: bool) -> str:
+    lines = []
+    for i, r in enumerate(rows):
+        s = r["stats"]
+        rate = f", acceptance {s['acceptance_rate']:.1%}" if speculative else ""
+        lines += [f"== row {i}: {len(r['tokens'])} tokens, finished by {r['finish_reason']}{rate}",
+                  r["text"] if r["text"] is not None else " ".join(map(str, r["tokens"]))]
+    t = totals
+    kind = "speculative" if speculative else "plain"
+    lines += ["", f"-- batch of {t['rows']} rows, {kind} decoding: {t['tokens']} tokens, {t['target_forwards']} "
+                  f"batched target forwards",
+              f"time                 {t['seconds']:.2f} s, {t['tokens_per_second']:.1f} tokens/s (all rows)"]
+    if "sequential" in t:
+        q = t["sequential"]
+        lines += [f"-- one after another (--compare): {q['seconds']:.2f} s, {q['tokens_per_second']:.1f} tokens/s",
+                  f"identical tokens     {'yes' if t['identical'] else 'no'}",
+                  f"speedup              {t['speedup']:.2f}x"]
+    return "\n".join(lines)

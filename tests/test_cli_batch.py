@@ -1,0 +1,91 @@
+"""scripts/generate.py with several prompts (scripts/_batch.py), in this process, on a tiny pair:
+every row is the single-prompt run of its prompt (sampling: with seed + i), the JSON object and its
+totals, the labelled text, and bad input as one line and exit 2."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import assert_one_line_failure, pair, run_inprocess  # noqa: F401 (pair is a fixture)
+
+ROW_KEYS = {"tokens", "text", "finish_reason", "stats", "sampling"}  # the one-prompt object without --compare
+
+
+def common(pair: tuple[Path, Path]) -> list[str]:  # noqa: F811
+    target, assistant = pair
+    return ["--target", str(target), "--assistant", str(assistant), "--max-new-tokens", "16",
+            "--num-assistant-tokens", "3", "--ignore-eos"]
+
+
+def single(capsys: pytest.CaptureFixture, args: list[str]) -> dict:
+    status, out, _ = run_inprocess(capsys, [*args, "--json"])
+    assert status == 0
+    return json.loads(out)
+
+
+def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    texts = ["hi", "tell me about foxes", "hi"]
+    sampled = [*common(pair), "--temperature", "0.9", "--top-k", "20"]
+    status, out, err = run_inprocess(capsys, [*sampled, "--seed", "7", *[x for t in texts for x in ("--prompt", t)],
+                                              "--json"])
+    assert status == 0, err
+    result = json.loads(out)  # stdout holds the one object
+    assert set(result) == {"rows", "stats"} and len(result["rows"]) == 3
+    for i, (text, row) in enumerate(zip(texts, result["rows"])):
+        assert set(row) == ROW_KEYS
+        alone = single(capsys, [*sampled, "--seed", str(7 + i), "--prompt", text])
+        assert row["tokens"] == alone["tokens"] and row["text"] == alone["text"]
+        assert row["sampling"] == alone["sampling"]
+        assert row["stats"]["rounds"] == alone["stats"]["rounds"]
+    assert result["rows"][0]["tokens"] != result["rows"][2]["tokens"]  # the same prompt, another seed
+    totals = result["stats"]
+    assert totals["tokens"] == sum(len(r["tokens"]) for r in result["rows"]) == 48
+    assert totals["tokens_per_second"] == pytest.approx(totals["tokens"] / totals["seconds"])
+    assert totals["target_forwards"] == max(r["stats"]["target_forwards"] for r in result["rows"])
+    assert totals["accepted"] == sum(r["stats"]["accepted"] for r in result["rows"])
+
+
+def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:  # noqa: F811
+    greedy = [*common(pair), "--no-assistant"]
+    ids = ["2,105,300,301", "2,7,8,9,10,11,12"]
+    status, out, _ = run_inprocess(capsys, [*greedy, "--prompt-ids", ids[0], "--prompt-ids", ids[1], "--json"])
+    rows = json.loads(out)["rows"]
+    assert status == 0
+    assert [r["tokens"] for r in rows] == [single(capsys, [*greedy, "--prompt-ids", i])["tokens"] for i in ids]
+    file = tmp_path / "prompts.txt"
+    file.write_text("hi\ntell me about foxes\n")
+    from_file = json.loads(run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--json"])[1])
+    given = json.loads(run_inprocess(capsys, [*common(pair), "--prompt", "hi", "--prompt", "tell me about foxes",
+                                              "--json"])[1])
+    assert [r["tokens"] for r in from_file["rows"]] == [r["tokens"] for r in given["rows"]]
+    status, out, _ = run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--compare"])
+    assert status == 0
+    assert out.startswith("== row 0: 16 tokens, finished by length") and "\n== row 1: " in out
+    assert "batch of 2 rows, speculative decoding: 32 tokens" in out and "identical tokens     yes" in out
+    file.write_text("hi\n")  # one prompt: exactly today's object
+    one = json.loads(run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--json"])[1])
+    assert one == {**single(capsys, [*common(pair), "--prompt", "hi"]), "stats": one["stats"]}
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("empty file", "is empty: write one prompt per line"),
+    ("blank line", "line 2 of --prompts-file"),
+    ("missing file", "cannot read --prompts-file"),
+    ("empty prompt", "one of the prompts is empty"),
+    ("ids and file", "give --prompt with it, not --prompt-ids"),
+    ("sample drafting", "batches draft by argmax"),
+])
+def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: str, expected: str) -> None:  # noqa: F811
+    file = tmp_path / "prompts.txt"
+    file.write_text({"empty file": "", "blank line": "hi\n\nthere\n"}.get(case, "hi\nthere\n"))
+    args = {
+        "empty file": ["--prompts-file", str(file)],
+        "blank line": ["--prompts-file", str(file)],
+        "missing file": ["--prompts-file", str(tmp_path / "nowhere.txt")],
+        "empty prompt": ["--prompt", "hi", "--prompt", " "],
+        "ids and file": ["--prompt-ids", "2,3", "--prompts-file", str(file)],
+        "sample drafting": ["--prompts-file", str(file), "--temperature", "1", "--drafting", "sample"],
+    }[case]
+    status, out, err = run_inprocess(capsys, [*common(pair), *args])
+    assert_one_line_failure(status, out, err, expected)
