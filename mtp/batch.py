@@ -26,7 +26,7 @@ from gemma4.batch import PAD, check_prompts, new_cache, per_row, prefill
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.drafter import Drafter
-from mtp.speculative import DraftLength, Round, SpecResult, SpecStats, accept_greedy, accept_keyed, target_kv
+from mtp.speculative import DraftLength, SpecResult, SpecStats, accept_greedy, accept_keyed, target_kv
 
 
 def draft_rows(
@@ -50,25 +50,6 @@ def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | Non
     """Step 4 for one row, by the solo loop's own rules: logits (K+1, V) of positions t+1..; returns a
     and the token after the accepted drafts. Greedy (§7), or keyed samples with the row's seed (§11)."""
     return accept_greedy(drafts, logits) if sampler is None else accept_keyed(drafts, logits, sampler, t)
-
-
-def record(stats: SpecStats, length: DraftLength, drafts: list[int], a: int, block: list[int]) -> None:
-    """The round's statistics, as mtp/speculative.py keeps them: only committed drafts count as accepted."""
-    committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
-    stats.emitted += len(block)
-    stats.target_forwards += 1
-    if not drafts:
-        return
-    stats.rounds.append(Round(drafts, a))
-    stats.drafted += len(drafts)
-    stats.accepted += committed_drafts
-    for i in range(len(drafts)):
-        if i == len(stats.drafted_at):
-            stats.drafted_at.append(0)
-            stats.accepted_at.append(0)
-        stats.drafted_at[i] += 1
-        stats.accepted_at[i] += i < committed_drafts
-    length.update(a, len(drafts))
 
 
 @torch.inference_mode()
@@ -141,7 +122,10 @@ def speculative_generate_batch(
                     block = block[: j + 1]
                     break
             seqs[b] += block
-            record(stats[b], lengths[b], d, a, block)
+            stats[b].record(d, a, block)  # as the solo loop keeps them
+            stats[b].target_forwards += 1
+            if d:
+                lengths[b].update(a, len(d))
             accepted.append(a)
 
         # 6. Roll back, row by row: positions t_b..t_b+a_b hold committed K/V; the rest is stale.

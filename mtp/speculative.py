@@ -71,6 +71,22 @@ class SpecStats:
     drafted_at: list[int] = field(default_factory=list)  # [i]: rounds that drafted an i+1-th token
     accepted_at: list[int] = field(default_factory=list)  # [i]: rounds whose i+1-th draft was committed
 
+    def record(self, drafts: list[int], a: int, block: list[int]) -> None:
+        """One round: drafts d_1..d_K, a of them matched, `block` committed (cut after a stop id)."""
+        committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
+        self.emitted += len(block)
+        if not drafts:
+            return
+        self.rounds.append(Round(drafts, a))
+        self.drafted += len(drafts)
+        self.accepted += committed_drafts
+        for i in range(len(drafts)):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < committed_drafts
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
@@ -215,19 +231,9 @@ def speculative_generate(
         cache.length = t + a + 1
         hidden = out.hidden[0, a]  # h[t'-1] with t' = t + a + 1
 
-        committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
-        stats.emitted += len(block)
+        stats.record(drafts, a, block)
         if drafts:
-            stats.rounds.append(Round(drafts, a))
-            stats.drafted += len(drafts)
-            stats.accepted += committed_drafts
-            for i in range(len(drafts)):
-                if i == len(stats.drafted_at):
-                    stats.drafted_at.append(0)
-                    stats.accepted_at.append(0)
-                stats.drafted_at[i] += 1
-                stats.accepted_at[i] += i < committed_drafts
             draft_length.update(a, len(drafts))
         if on_commit:
-            on_commit(block, [i < committed_drafts for i in range(len(block))])
+            on_commit(block, [i < min(a, len(block)) for i in range(len(block))])
         # 7. Stop on a committed stop id or the budget: checked at the top of the loop.

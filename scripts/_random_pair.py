@@ -12,6 +12,7 @@ loaders' own tables (`target_weight_table`, `drafter_weight_table`), so the file
   stay O(1), an input embedding with x0 = E[id]·sqrt(H) of rms 0.8, a final norm of ≈ 3.75 so logits
   have a std of ≈ 3 (the softcap is mildly active and top-1 gaps are far above fp32 noise).
 - The config is the bare `gemma4_text` form (tensors under `model.`), as a saved `Gemma4ForCausalLM`.
+- `random_prompt` / `text_prompt`: the benchmark's prompts for a pair, seeded or tokenized.
 
 Shape legend: V vocab, E target hidden, D drafter hidden, P PLE width, L layers.
 """
@@ -23,7 +24,8 @@ from typing import Any
 
 import torch
 
-from gemma4.config import FULL, SLIDING, text_config_from_dict
+from gemma4.config import FULL, SLIDING, read_json, text_config_from_dict
+from gemma4.tokenizer import Gemma4Tokenizer
 from gemma4.weights import target_weight_table
 from mtp.drafter import drafter_config_from_dict, drafter_weight_table
 
@@ -145,3 +147,16 @@ def write_pair(root: Path, target: dict[str, Any], assistant: dict[str, Any], dt
     write_safetensors(assistant_dir / "model.safetensors", drafter_weight_table(drafter), dtype, seed + 1)
     (root / "pair.json").write_text(json.dumps(stamp, indent=2))
     return target_dir, assistant_dir
+
+
+def random_prompt(target_dir: Path, length: int) -> list[int]:
+    """<bos> and seeded ids above the special tokens (0..106)."""
+    raw = read_json(target_dir / "config.json")
+    vocab = int(raw.get("text_config", raw)["vocab_size"])
+    return [2] + torch.randint(107, vocab, (length - 1,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+def text_prompt(target_dir: Path, text: str, length: int) -> list[int]:
+    """`text` through the target's tokenizer; without a tokenizer.json, `length` seeded ids."""
+    tok = target_dir / "tokenizer.json"
+    return Gemma4Tokenizer(tok).encode_raw(text) if tok.is_file() else random_prompt(target_dir, length)

@@ -13,13 +13,11 @@ Sections (`--only a,b`):
 - `costs`: at E2B dimensions, a draft round of K steps and a (K+1)-token verify relative to a 1-token
   decode, K = 1..8, and the speedup they imply at acceptance rates 0.5 / 0.7 / 0.9 (i.i.d. acceptance
   α: a round of K drafts commits (1 - α^(K+1)) / (1 - α) tokens on average; Leviathan et al. 2023).
-- `bandwidth`: decode tokens/s at E2B dimensions against the memory-bandwidth bound: bytes of weights a
-  decode step reads over the bandwidth of a large tensor copy (bytes read + written; the best of the
-  copies taken in turns with the decode steps, since a copy slowed by a neighbour would flatter the
-  ratio). Ours and transformers' plain generate are both set against it: bound / transformers'
-  tokens/s is the most any float32 decoder could gain over it on this machine. And how fast `linear`
-  streams the largest weight for 1, 2, 5 and 9 rows, plain and packed (gemma4/packing.py): what a
-  (K+1)-token verify costs in the matrix products alone.
+- `bandwidth`: decode tokens/s at E2B dimensions against the bound: weight bytes per decode step over the
+  bandwidth of a large copy (read + written; the best of copies taken in turns with the decode steps: a
+  copy slowed by a neighbour would flatter the ratio). Ours and transformers' plain generate against it
+  (bound / transformers' tokens/s: the most any float32 decoder could gain here), and `linear` on the
+  largest weight for 1, 2, 5, 9 rows, plain and packed: a verify's cost in the products alone.
 - `bf16`: `costs` and `bandwidth` again in bfloat16, on a random pair with E2B's full 262144-token
   vocabulary (≈ 9.5 GB written once; memory-mapped, only the rows a step reads of its PLE table resident).
 - `memory`: peak resident memory of `load_target` (packing included) in a fresh process, during loading
@@ -55,13 +53,12 @@ import torch  # noqa: E402
 
 from _benchmark_batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section  # noqa: E402
 from _benchmark_report import goals, table  # noqa: E402
-from _random_pair import e2b_configs, write_pair  # noqa: E402
+from _random_pair import e2b_configs, random_prompt, text_prompt, write_pair  # noqa: E402
 from _transformers_baseline import load_transformers, tf_decode_step, tf_generate  # noqa: E402
 from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
 from gemma4.config import read_json  # noqa: E402
 from gemma4.model import Gemma4Model, ModelOutput  # noqa: E402
 from gemma4.packing import Linear, linear  # noqa: E402
-from gemma4.tokenizer import Gemma4Tokenizer  # noqa: E402
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
 from mtp.speculative import target_kv  # noqa: E402
 
@@ -310,9 +307,8 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
                                          f"torch {torch.__version__}, float32 unless stated"}
     if "demo" in sections:
         if (target_dir / "config.json").is_file():
-            tok = target_dir / "tokenizer.json"
-            prompt = Gemma4Tokenizer(tok).encode_raw(DEMO_PROMPT) if tok.is_file() else random_prompt(target_dir, 24)
             say(f"demo: {target_dir}")
+            prompt = text_prompt(target_dir, DEMO_PROMPT, 24)
             result["demo"], *_ = pair_section(target_dir, assistant_dir, prompt, tokens, reps,
                                               k or assistant_k(assistant_dir), use_transformers, warm_tokens=tokens)
         else:
@@ -354,9 +350,7 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
         result["memory_float32_file"] = memory_section(t_dir, "float32")  # views, then packed
     if "batch" in sections and (target_dir / "config.json").is_file():  # scripts/_benchmark_batch.py
         say("batch: B = 1, 2, 4, 8 prompts as one batch and one after another")
-        tok = target_dir / "tokenizer.json"
-        prompts = ([Gemma4Tokenizer(tok).encode_raw(p) for p in DEMO_PROMPTS] if tok.is_file()
-                   else [random_prompt(target_dir, 8 + 3 * i) for i in range(len(DEMO_PROMPTS))])
+        prompts = [text_prompt(target_dir, p, 8 + 3 * i) for i, p in enumerate(DEMO_PROMPTS)]
         result["batch"] = batch_section(load_target(target_dir), load_drafter(assistant_dir), prompts, tokens,
                                         min(reps, 3), k or assistant_k(assistant_dir), interleaved)
     if "experts" in sections:
@@ -364,13 +358,6 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
         result["experts"] = experts_section()
     result["goals"] = goals(result) + batch_goal(result)
     return result
-
-
-def random_prompt(target_dir: Path, length: int) -> list[int]:
-    """<bos> and seeded ids above the special tokens (0..106)."""
-    raw = read_json(target_dir / "config.json")
-    vocab = int(raw.get("text_config", raw)["vocab_size"])
-    return [2] + torch.randint(107, vocab, (length - 1,), generator=torch.Generator().manual_seed(0)).tolist()
 
 
 def assistant_k(assistant_dir: Path) -> int:

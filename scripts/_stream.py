@@ -1,0 +1,64 @@
+"""The streamed text of scripts/generate.py: committed tokens printed as they come, drafts marked."""
+
+import sys
+
+from gemma4.tokenizer import Gemma4Tokenizer
+
+GREEN, RESET = "\x1b[32m", "\x1b[0m"
+
+
+class Stream:
+    """Keeps every committed token and prints the text as it grows.
+
+    Text is the decode of the whole sequence, and only its new suffix is printed: decoding token by
+    token would split characters spelled in byte tokens and lose the tokenizer's spacing. Byte tokens
+    (`<0xNN>`) turn into UTF-8 only when their run ends, and a run that is not valid UTF-8 becomes one
+    U+FFFD per byte, even bytes that looked fine so far; special tokens, dropped from the text, do not
+    end a run. So only the text up to the last other token is final, and only that is printed early.
+    """
+
+    def __init__(self, tokenizer: Gemma4Tokenizer | None, echo: bool, mark: bool, colour: bool) -> None:
+        self.tokenizer, self.echo, self.mark, self.colour = tokenizer, echo, mark, colour
+        self.tokens: list[int] = []
+        self.shown = 0  # characters of the text already printed
+        self.open_run: set[int] = set()  # ids that do not close a run of byte tokens
+        if tokenizer is not None:
+            t = tokenizer.tokenizer
+            self.open_run = {i for i, tok in t.get_added_tokens_decoder().items() if tok.special}
+            self.open_run |= {i for b in range(256) if (i := t.token_to_id(f"<0x{b:02X}>")) is not None}
+
+    def text(self, tokens: list[int] | None = None) -> str | None:
+        tokens = self.tokens if tokens is None else tokens
+        return None if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def commit(self, tokens: list[int], from_drafter: list[bool]) -> None:
+        """One committed block: accepted drafts first, then the target's own token (mtp.md §7 step 5)."""
+        start = 0
+        while start < len(tokens):  # print runs of the same origin, so one bracket holds one round's drafts
+            end = start
+            while end < len(tokens) and from_drafter[end] == from_drafter[start]:
+                end += 1
+            self.tokens += tokens[start:end]
+            self.show(tokens[start:end], from_drafter[start])
+            start = end
+
+    def show(self, run: list[int], drafted: bool, final: bool = False) -> None:
+        if not self.echo:
+            return
+        if self.tokenizer is None:  # --prompt-ids on a checkpoint without tokenizer.json: show ids
+            piece = "".join(f"{t} " for t in run)
+        else:
+            done = len(self.tokens)
+            while not final and done and self.tokens[done - 1] in self.open_run:
+                done -= 1
+            text = self.text(self.tokens[:done])
+            piece, self.shown = text[self.shown:], max(self.shown, len(text))
+        if drafted and self.mark and piece:
+            piece = f"{GREEN}{piece}{RESET}" if self.colour else f"[{piece}]"
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    def finish(self) -> None:
+        self.show([], drafted=False, final=True)
+        if self.echo:
+            sys.stdout.write("\n")
