@@ -128,13 +128,12 @@ def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
 
 def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
     """§11 argmax drafting: g_i is the keyed sample of warped row i at position t+1+i, exactly what
-    plain sampling draws there; keep d_i while d_i == g_{i-1}."""
-    positions = list(range(t + 1, t + 1 + logits.shape[0]))
-    samples = keyed_sample(warp(logits, sampler), sampler.seed, TARGET, positions)  # g_0..g_K
-    a = 0
-    while a < len(drafts) and drafts[a] == samples[a]:
-        a += 1
-    return a, samples[a]
+    plain sampling draws there; keep d_i while d_i == g_{i-1}. Rows past the first mismatch are
+    never warped or drawn: their tokens would be discarded (and a sample costs V noise numbers)."""
+    for i in range(len(drafts) + 1):
+        g = keyed_sample(warp(logits[i:i + 1], sampler), sampler.seed, TARGET, [t + 1 + i])[0]
+        if i == len(drafts) or drafts[i] != g:
+            return i, g  # the correction, or the bonus if all were accepted
 
 
 def accept_rejection(
@@ -142,14 +141,15 @@ def accept_rejection(
 ) -> tuple[int, int]:
     """§11 sample drafting: q (K, V) the drafter's warped rows, p the target's. Keep d_i iff
     u_i · q_i(d_i) < p_i(d_i) (strict: p = 0 is never kept), with u_i keyed to d_i's position."""
-    p = warp(logits, sampler)  # (K+1, V)
     for i, d in enumerate(drafts):
         position = t + 1 + i
-        if not keyed_uniform(sampler.seed, UNIFORM, position) * float(q[i, d]) < float(p[i, d]):
-            residual = (p[i] - q[i]).clamp_(min=0)  # (V,) zero at d: rejected, so q(d) > p(d)
+        p = warp(logits[i:i + 1], sampler)[0]  # (V,)
+        if not keyed_uniform(sampler.seed, UNIFORM, position) * float(q[i, d]) < float(p[d]):
+            residual = (p - q[i]).clamp_(min=0)  # (V,) zero at d: rejected, so q(d) > p(d)
             residual = residual / residual.sum()
             return i, keyed_sample(residual[None], sampler.seed, TARGET, [position])[0]
-    return len(drafts), keyed_sample(p[-1:], sampler.seed, TARGET, [t + 1 + len(drafts)])[0]  # the bonus
+    bonus = warp(logits[len(drafts):len(drafts) + 1], sampler)  # (1, V): the row after the last draft
+    return len(drafts), keyed_sample(bonus, sampler.seed, TARGET, [t + 1 + len(drafts)])[0]
 
 
 def check_sampling(sampler: SamplerConfig | None, drafting: str) -> None:

@@ -34,7 +34,7 @@ from mtp import DraftLength, load_drafter, speculative_generate
 from tests.checkpoints import write_assistant, write_target
 from tests.pairs import prompt
 
-L, K, N = 4, 2, 1000
+L, K, N = 4, 2, 800
 SAMPLER = dict(temperature=1.0, top_k=3, top_p=1.0)
 STATS: dict[str, tuple[float, float, float]] = {}  # rule -> (χ², threshold), printed at the end
 
@@ -116,8 +116,8 @@ def rejection_transformers(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN2
 
 
 def rejection_wrong_bonus(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
-    # Without the last row, the last one left is the last draft's: the bonus is drawn from it.
-    return CORRECT_REJECTION(drafts, q, logits[:-1], sampler, t)
+    # The last row replaced by the last draft's row: the bonus is drawn from the wrong distribution.
+    return CORRECT_REJECTION(drafts, q, torch.cat([logits[:-1], logits[-2:-1]]), sampler, t)
 
 
 RULES = {  # name -> (drafting mode, the function replaced, its replacement); None: the product's own
