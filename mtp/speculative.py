@@ -183,8 +183,8 @@ def speculative_generate(
     cache.length = len(prompt)
     stats.target_forwards += 1
     logits = out.logits[0, -1:]  # (1, V): the token at position len(prompt)
-    first = accept_greedy([], logits) if sampler is None else accept_keyed([], logits, sampler, len(prompt) - 1)
-    seq = list(prompt) + [first[1]]
+    _, first = accept_greedy([], logits) if sampler is None else accept_keyed([], logits, sampler, len(prompt) - 1)
+    seq = list(prompt) + [first]
     hidden = out.hidden[0, -1]  # (E,) h[t-1], with t = len(seq) - 1
     stats.emitted = 1
     if on_commit:

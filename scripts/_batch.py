@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gemma4.batch import sample_generate_batch
-from gemma4.generate import check_prompt, sample_generate
+from gemma4.generate import sample_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
@@ -65,12 +65,10 @@ def run_batch(
     row_stats: Callable[..., dict], sampling_json: Callable[[int], dict],
 ) -> tuple[dict, str]:
     """Decode the rows as one batch; returns the --json object and the text to print otherwise."""
-    if drafter is not None and drafting == "sample" and not sampler.greedy:
+    if drafter is not None and drafting == "sample":  # (at temperature 0 check_options refused it already)
         raise ValueError("--drafting sample runs one prompt at a time: batches draft by argmax (the default)")
     if show_drafts and not json_output:
         raise ValueError("--show-drafts marks the streamed text of one prompt: give one prompt, or drop it")
-    for ids in rows:
-        check_prompt(model, ids, max_new_tokens)
     samplers = [dataclasses.replace(sampler, seed=sampler.seed + i) for i in range(len(rows))]  # row i: seed + i
 
     def batch() -> list[tuple[list[int], Any, str]]:
