@@ -10,5 +10,6 @@ from gemma4.weights import CheckpointError, load_target
 
 __all__ = [
     "CheckpointError", "ConfigError", "Gemma4Model", "Gemma4Tokenizer", "KVCache", "Message", "ModelOutput",
-    "SamplerConfig", "TextConfig", "greedy_generate", "load_config", "load_target", "reference_greedy", "sample_generate",
+    "SamplerConfig", "TextConfig", "greedy_generate", "load_config", "load_target", "reference_greedy",
+    "sample_generate",
 ]

@@ -26,7 +26,8 @@ def test_grows_by_doubling_to_capacity() -> None:
         grown.length = full.length = start
         for layer in grown.keys:
             k, v = kv(1, t, start + layer, d=c.head_dims[layer])
-            assert all(torch.equal(a, b) for a, b in zip(grown.write(layer, start, k, v), full.write(layer, start, k, v)))
+            views = zip(grown.write(layer, start, k, v), full.write(layer, start, k, v))
+            assert all(torch.equal(a, b) for a, b in views)
         sizes.append(grown.allocated(0))
     assert sizes == [5, 10, 10, 20, 20, 40]  # the write's end, then doubled; never past the capacity
     assert full.allocated(0) == 40

@@ -29,7 +29,8 @@ def test_conversation(tok: Gemma4Tokenizer) -> None:
     assert tok.render(messages) == tok.encode("<bos>" + history)
     assert tok.render(messages, system=" Be brief. ") == tok.encode("<bos><|turn>system\nBe brief.<turn|>\n" + history)
     assert tok.render(messages, think=True) == tok.encode("<bos><|turn>system\n<|think|>\n<turn|>\n" + history)
-    assert tok.render(messages, system="S", think=True) == tok.encode("<bos><|turn>system\n<|think|>\nS<turn|>\n" + history)
+    thinking = "<bos><|turn>system\n<|think|>\nS<turn|>\n"
+    assert tok.render(messages, system="S", think=True) == tok.encode(thinking + history)
     # Thinking on: no empty thought block, even for the targets that write one when it is off.
     assert tok.render(messages, think=True, empty_thought=True) == tok.render(messages, think=True)
     # An earlier model turn never carries the generation prompt's empty thought block.
