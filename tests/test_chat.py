@@ -98,6 +98,20 @@ def test_reset_reuses_the_shared_start(models, tokenizer: Gemma4Tokenizer) -> No
     assert again.reused == len(first.prompt_ids) - 1 and again.tokens == first.tokens  # all but the newest id
 
 
+def test_empty_thought_targets(models, tokenizer: Gemma4Tokenizer) -> None:  # noqa: ANN001
+    """26B-A4B and 31B: the generation prompt ends with an empty thought block that the history's
+    model turns do not carry, so reuse stops just before it."""
+    target, drafter = models["e2b", "echo"]
+    conv = Conversation(target, tokenizer, drafter)
+    conv.empty_thought = True  # as needs_empty_thought says for those two (the test targets are E2B-like)
+    block = tokenizer.encode("<|channel>thought\n<channel|>")
+    first = conv.say("Hi.", NEW, draft_length=DraftLength(K))
+    assert first.prompt_ids[-len(block):] == block
+    second = conv.say("Hello.", NEW, draft_length=DraftLength(K))
+    assert second.reused >= len(first.prompt_ids) - len(block)
+    assert second.tokens == fresh(conv, second, SamplerConfig(0.0))
+
+
 def test_bad_settings_leave_the_conversation_usable(models, tokenizer: Gemma4Tokenizer) -> None:  # noqa: ANN001
     target, drafter = models["e2b", "echo"]
     conv = Conversation(target, tokenizer, drafter)
