@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gemma4.cache import KVCache
-from gemma4.generate import sample_generate
+from gemma4.generate import check_prompt, sample_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
 from mtp.drafter import Drafter
-from mtp.speculative import DraftLength, SpecStats, speculative_generate
+from mtp.speculative import DraftLength, SpecStats, check_sampling, speculative_generate
 
 DEFAULT_STOP_IDS = (1, 106, 50)  # <eos>, <turn|>, <|tool_response>: the releases' generation_config.json
 GREEDY = SamplerConfig(temperature=0.0)
@@ -115,10 +115,14 @@ class Conversation:
         context = self.target.config.max_position_embeddings
         if len(ids) + 1 > context:
             raise ContextFull(len(ids) + 1, context)
+        check_prompt(self.target, ids, max_new_tokens)  # bad settings fail before the cache is touched
+        if self.drafter is not None:
+            check_sampling(sampler, drafting)
         stops = () if ignore_eos else tuple(self.stop_ids if stop_ids is None else stop_ids)
         reused = min(common_prefix(ids, self.held), len(ids) - 1)
-        # From here on, positions 0..cache.length-1 always hold K/V of a prefix of ids + the reply so
-        # far (the loops move `length` only over committed tokens), whenever an exception falls.
+        # From here on, whenever an exception falls, positions below min(cache.length, len(sequence))
+        # hold the K/V of sequence = ids + the reply so far: the loops move `length` only past K/V
+        # they wrote for it (a stop id may cut the last block short of `length`).
         self.cache.length, self.held = reused, ids[:reused]
         shown: list[int] = []
         first: list[float] = []
