@@ -4,7 +4,6 @@ and sampling with argmax drafting and the same seed), over several turns on the 
 (sliding window 8, drafter window 6, KV sharing, PLE): the conversations cross both windows.
 Also: a reset, an interrupted turn, reuse of the whole previous prompt, and a turn that does not fit."""
 
-
 import pytest
 
 from gemma4 import Gemma4Tokenizer, SamplerConfig, sample_generate
