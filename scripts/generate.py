@@ -39,7 +39,7 @@ DEFAULT_MAX_NEW_TOKENS = 128
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
 # The default prompt of a model without a chat template, like the demo (a model of Python source):
 # the start of a function, whose greedy continuation by the demo target does not fall into a loop.
-CODE_PROMPT = "def is_virtual_environment():\n    return sys.base_prefix != sys.prefix or hasattr(sys, \"real_prefix\")\n"
+CODE_PROMPT = "    def __getitem__(self, key):\n"
 
 
 # ---------------------------------------------------------------- output

@@ -47,7 +47,7 @@ def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixtu
 
 
 def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:  # noqa: F811
-    greedy = [*common(pair), "--no-assistant"]
+    greedy = ["--target", str(pair[0]), "--max-new-tokens", "16", "--ignore-eos", "--no-assistant", "--temperature", "0"]
     ids = ["2,105,300,301", "2,7,8,9,10,11,12"]
     status, out, _ = run_inprocess(capsys, [*greedy, "--prompt-ids", ids[0], "--prompt-ids", ids[1], "--json"])
     rows = json.loads(out)["rows"]
@@ -59,10 +59,11 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
     given = json.loads(run_inprocess(capsys, [*common(pair), "--prompt", "hi", "--prompt", "tell me about foxes",
                                               "--json"])[1])
     assert [r["tokens"] for r in from_file["rows"]] == [r["tokens"] for r in given["rows"]]
-    status, out, _ = run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--compare"])
+    status, out, err = run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--compare"])
     assert status == 0
-    assert out.startswith("== row 0: 16 tokens, finished by length") and "\n== row 1: " in out
-    assert "batch of 2 rows, speculative decoding: 32 tokens" in out and "identical tokens     yes" in out
+    assert out.startswith("== row 0: 16 tokens, finished by length") and "\n== row 1: " in out  # rows: stdout
+    assert "batch of 2 rows, speculative decoding: 32 tokens" in err and "identical tokens     yes" in err  # totals
+    assert "batch of" not in out
     file.write_text("hi\n")  # one prompt: exactly today's object
     one = json.loads(run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--json"])[1])
     assert one == {**single(capsys, [*common(pair), "--prompt", "hi"]), "stats": one["stats"]}
