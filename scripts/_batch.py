@@ -43,11 +43,12 @@ def read_prompts(path: str) -> list[str]:
         reason = getattr(e, "strerror", None) or type(e).__name__
         raise ValueError(f"cannot read --prompts-file {path} ({reason}): give a readable UTF-8 text file") from None
     lines = text.splitlines()
-    while lines and not lines[-1].strip():
+    blocks_mode = SEPARATOR in (line.strip() for line in lines)
+    while lines and lines[-1].strip() in ("", SEPARATOR):  # blank lines and a closing separator at the end
         lines.pop()
     if not lines:
         raise ValueError(f"--prompts-file {path} is empty: write one prompt per line")
-    if SEPARATOR not in (line.strip() for line in lines):
+    if not blocks_mode:
         for i, line in enumerate(lines, 1):
             if not line.strip():
                 raise ValueError(f"line {i} of --prompts-file {path} is empty: one prompt per line, or prompts "
