@@ -33,7 +33,7 @@ FIXED_PROMPT = '    def __repr__(self):\n        return "'  # acceptance 0.94 at
 
 def test_default_prompt_does_not_loop(pair):
     """generate.py's default prompt for a model without a chat template: the demo's greedy 128 tokens
-    repeat no line (other prompts fall into `self.get_name = self.get_name` loops), and most drafts land."""
+    repeat no line more than twice (other prompts fall into `self.get_name = self.get_name` loops), and most drafts land."""
     from generate import CODE_PROMPT
 
     target, drafter, tok = pair
@@ -41,7 +41,7 @@ def test_default_prompt_does_not_loop(pair):
                                 stop_ids(DEMO / "target"))
     lines = [line.strip() for line in tok.decode(spec.tokens, skip_special_tokens=True).splitlines() if line.strip()]
     assert len(spec.tokens) == 128 and len(lines) >= 8
-    assert len(set(lines)) == len(lines), lines
+    assert max(lines.count(line) for line in lines) <= 2, lines  # a docstring's quotes may close once
     assert spec.stats.acceptance_rate > 0.5
 
 
