@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO_TARGET = REPO / "scripts" / "demo" / "target"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 USAGE_ERROR, INTERRUPTED = 2, 130
+DEFAULT_MAX_NEW_TOKENS = 128
 # Below this hidden size a matmul is too small for a second thread to pay for its synchronisation
 # (the demo's is 64; the smallest release, E2B, has 1536).
 SMALL_HIDDEN = 256
@@ -150,6 +151,14 @@ def pick_device(name: str | None) -> torch.device:
     return device
 
 
+def shown_path(path: Path) -> str:
+    """A path as the header shows it: relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def has_chat_template(model_dir: Path) -> bool:
     """A chat model ships its template's files: `chat_template.jinja` and `tokenizer_config.json` (every
     Gemma 4 release has both). The demo target, a model of raw Python source, has only tokenizer.json."""
@@ -222,7 +231,7 @@ def load_target_from(a: argparse.Namespace, say: Callable[[str], None],
     header line (to stderr, or nowhere)."""
     dev = pick_device(a.device)
     dtype = DTYPES[a.dtype or ("bfloat16" if dev.type == "cuda" else "float32")]
-    name = a.target or str(demo_target)
+    name = a.target or shown_path(demo_target)
     if a.target is None and not demo_target.is_dir():
         raise UsageError(f"the demo pair is missing from {demo_target.parent}: restore it from git, or pass --target")
     target_dir = resolve_model_dir(name)  # a Hub id is downloaded here

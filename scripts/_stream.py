@@ -6,6 +6,7 @@ terminal; without colour they sit between ⟦ and ⟧, which Python source (the 
 unlike the square brackets an earlier version used.
 """
 
+import os
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -13,6 +14,11 @@ from gemma4.tokenizer import Gemma4Tokenizer
 
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 OPEN, CLOSE = "⟦", "⟧"  # U+27E6, U+27E7: marks that code and prose do not use
+
+
+def colour_on(file: TextIO) -> bool:
+    """Colour only on a terminal, and not when NO_COLOR is set (no-color.org) or TERM is dumb."""
+    return file.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,14 +27,13 @@ import torch  # noqa: E402
 
 from _batch import run_batch, split_prompts  # noqa: E402
 from _options import (  # noqa: E402
-    DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, Parser, UsageError, add_model_options, check_values,
+    DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, Parser, UsageError, add_model_options, check_values,
     load_assistant_from, load_target_from, one_line, refuse, sampling_line,
 )
-from _stream import Sink, Stream  # noqa: E402
+from _stream import Sink, Stream, colour_on  # noqa: E402
 from gemma4.generate import check_prompt, sample_generate  # noqa: E402
 from mtp import SpecStats, speculative_generate  # noqa: E402
 
-DEFAULT_MAX_NEW_TOKENS = 128
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
 # The default prompt of a model without a chat template, like the demo (a model of Python source):
 # the start of a function, whose greedy continuation by the demo target does not fall into a loop.
@@ -88,11 +86,6 @@ def stats_text(result: dict, stats: SpecStats | None) -> str:
 def first_difference(result: dict) -> int:
     a, b = result["tokens"], result["plain"]["tokens"]
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def colour_on(stream) -> bool:  # noqa: ANN001 (a text file)
-    """Colour only on a terminal, and not when NO_COLOR is set (no-color.org) or TERM is dumb."""
-    return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def shorten(text: str, width: int = 60) -> str:
@@ -234,13 +227,19 @@ def token_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 2,105,2364, got {text!r}") from None
 
 
+DESCRIPTION = """\
+Generation with a Gemma 4 target and its MTP assistant, greedy or sampled. With no arguments: the
+bundled demo pair (scripts/demo) on its default prompt. stdout carries the generated text alone; the
+header, the statistics and, when stdout is not a terminal, the text with --show-drafts' marks go to
+stderr."""
+PROMPTS = """\
+prompts: a chat model's (its directory holds chat_template.jinja or tokenizer_config.json, as every
+release's does) go into one user turn; a model without them, like the demo, continues the text as it is."""
+
+
 def parser() -> Parser:
     p = Parser(prog="generate.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-               description="Generation with a Gemma 4 target and its MTP assistant, greedy or sampled. With no "
-                           "arguments: the bundled demo pair (scripts/demo), on its default prompt. stdout carries "
-                           "the generated text only; the header and the statistics go to stderr.",
-               epilog=RULES + "\nprompts: a chat model's (one with a chat template) go into one user turn; a model "
-                              "without one (the demo) continues the text as it is.")
+               description=DESCRIPTION, epilog=RULES + "\n" + PROMPTS)
     add_model_options(p)
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", metavar="TEXT", action="append",
