@@ -174,8 +174,9 @@ def sampler_from(a: argparse.Namespace, target_dir: Path) -> tuple[SamplerConfig
         temperature = float(file.get("temperature", 1.0)) if file.get("do_sample") else 0.0
     taken = [] if a.temperature is not None else ["do_sample"] + (["temperature"] if temperature else [])
     if temperature == 0:  # greedy: flags that only sampling reads would do nothing
+        said = f"do_sample {str(file['do_sample']).lower()}" if "do_sample" in file else "no do_sample"
         why = ("--temperature 0 decodes greedy" if a.temperature is not None
-               else f"{gen if gen.is_file() else target_dir} says greedy (no do_sample)")
+               else f"{gen if gen.is_file() else target_dir} says greedy ({said})")
         for flag, value in (("--top-k", a.top_k), ("--top-p", a.top_p), ("--seed", a.seed), ("--drafting", a.drafting)):
             if value is not None:
                 refuse(flag, f"it applies to sampling, and {why}: add --temperature T (above 0), or drop {flag}")
