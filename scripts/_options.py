@@ -204,7 +204,7 @@ def default_assistant(target: str) -> tuple[str, str]:
     return str(beside), "the target directory + '-assistant'"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Target:
     """The loaded target and what the run takes from its files."""
     name: str  # as given: a path or a Hub id
@@ -218,7 +218,7 @@ class Target:
     from_file: str  # the sampling keys generation_config.json supplied, for the header line
 
 
-@dataclass
+@dataclass(frozen=True)
 class Assistant:
     name: str
     drafter: Drafter
@@ -238,7 +238,9 @@ def load_target_from(a: argparse.Namespace, say: Callable[[str], None],
     target_dir = resolve_model_dir(name)  # a Hub id is downloaded here
     sampler, from_file = sampler_from(a, target_dir)  # before the weights load: a refusal costs nothing
     model = load_target(target_dir, dtype, dev)
-    torch.set_num_threads(a.threads or (1 if model.config.hidden_size < SMALL_HIDDEN else torch.get_num_threads()))
+    threads = a.threads or (1 if model.config.hidden_size < SMALL_HIDDEN else None)  # None: torch's own
+    if threads is not None:
+        torch.set_num_threads(threads)
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
     # 26B-A4B and 31B write an empty thought block after the model turn, E2B and E4B do not. Only E2B/E4B
     # have Per-Layer Embeddings, and their hidden size is at most 2560; the larger two have none and
