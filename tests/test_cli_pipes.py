@@ -3,6 +3,7 @@ text and nothing else; prompts come from a file or stdin, one per line or in blo
 
 import json
 import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,35 @@ def test_max_new_tokens_beyond_the_context(pair, capsys: pytest.CaptureFixture) 
     assert err.strip() == ("note: --max-new-tokens 5000 is cut to 24: the context holds 1024 positions and the "
                            "prompt takes 1000")
     assert len(json.loads(out)["tokens"]) == 24
+
+
+def read_terminal(args: list[str], env: dict[str, str]) -> tuple[str, str]:
+    """Run with stdout on a pseudo-terminal and stderr on a pipe; returns what each received."""
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=child, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    os.close(main)
+    return b"".join(chunks).decode().replace("\r\n", "\n"), err
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_terminal_shows_the_marks_inline(no_color: bool) -> None:
+    env = {"TERM": "xterm", "NO_COLOR": "1" if no_color else ""}  # an empty NO_COLOR counts as unset
+    out, err = read_terminal(["--max-new-tokens", "16", "--show-drafts"], env)
+    text = json.loads(run(["--max-new-tokens", "16", "--json"]).stdout)["text"]
+    opened, closed = ("⟦", "⟧") if no_color else ("\x1b[32m", "\x1b[0m")
+    assert opened in out and out.replace(opened, "").replace(closed, "") == text + "\n"
+    legend, _, rest = err.partition("the rest the target supplied")
+    assert "-- speculative decoding" in rest and opened not in rest  # stderr: no copy of the text
