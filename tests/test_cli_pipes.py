@@ -33,14 +33,14 @@ def test_stdout_is_the_text_alone() -> None:
     assert "⟦" in err and "-- speculative decoding" in err and "identical tokens     yes" in err
 
 
-def test_prompts_from_stdin_in_blocks() -> None:
+def test_prompts_from_stdin_in_blocks(capsys: pytest.CaptureFixture) -> None:
     prompts = ["def f(x):\n    return", "class A:\n\n    pass"]  # the second holds a blank line
     text = "---\n" + "\n---\n".join(prompts) + "\n---\n\n"  # opening and closing separators, a blank line after
     proc = run(["--prompts-file", "-", "--max-new-tokens", "6", "--json"], stdin=text)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["rows"]
     for prompt, row in zip(prompts, rows, strict=True):
-        alone = json.loads(run(["--prompt", prompt, "--max-new-tokens", "6", "--json"]).stdout)
+        alone = json.loads(run_inprocess(capsys, ["--prompt", prompt, "--max-new-tokens", "6", "--json"])[1])
         assert row["tokens"] == alone["tokens"]
 
 
@@ -88,10 +88,10 @@ def read_terminal(args: list[str], env: dict[str, str]) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("no_color", [False, True])
-def test_terminal_shows_the_marks_inline(no_color: bool) -> None:
+def test_terminal_shows_the_marks_inline(no_color: bool, capsys: pytest.CaptureFixture) -> None:
     env = {"TERM": "xterm", "NO_COLOR": "1" if no_color else ""}  # an empty NO_COLOR counts as unset
     out, err = read_terminal(["--max-new-tokens", "16", "--show-drafts"], env)
-    text = json.loads(run(["--max-new-tokens", "16", "--json"]).stdout)["text"]
+    text = json.loads(run_inprocess(capsys, ["--max-new-tokens", "16", "--json"])[1])["text"]
     opened, closed = ("⟦", "⟧") if no_color else ("\x1b[32m", "\x1b[0m")
     assert opened in out and out.replace(opened, "").replace(closed, "") == text + "\n"
     legend, _, rest = err.partition("the rest the target supplied")
