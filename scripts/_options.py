@@ -11,6 +11,10 @@ Two rules hold for every flag here, and both scripts state them in `--help`:
   naming it, exit status 2. Whether a flag "is given" is read from argparse (its default is None),
   never from its value: `--seed 0` on a greedy run is refused like `--seed 7`.
 
+A script uses them in this order: `add_model_options(parser)`, `flags = ModelFlags.parsed(args)`,
+`check_values(flags)`, `load_target_from(flags, say)` (device, dtype, target, tokenizer, sampling
+settings, stop ids) and `load_assistant_from(flags, target, ...)`; `sampling_line` is the header line.
+
 The assistant's lookup rule (no `--assistant`): a Hub id ORG/NAME pairs with ORG/NAME-assistant, as the
 releases do; a directory DIR with DIR-assistant beside it, or else, for a directory named `target`,
 with its sibling `assistant` (the demo's layout).
@@ -20,7 +24,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
@@ -61,6 +65,31 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
         print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(USAGE_ERROR)
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """The model options as given: None (or False) where the command line left a flag out."""
+    target: str | None
+    assistant: str | None
+    no_assistant: bool
+    max_new_tokens: int | None
+    num_assistant_tokens: int | None
+    schedule: str | None
+    ignore_eos: bool
+    dtype: str | None
+    device: str | None
+    threads: int | None
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    seed: int | None
+    drafting: str | None
+    show_drafts: bool
+
+    @classmethod
+    def parsed(cls, args: argparse.Namespace) -> "ModelFlags":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -108,7 +137,7 @@ def refuse(flag: str, why: str) -> NoReturn:
     raise UsageError(f"{flag} has no effect here: {why}")
 
 
-def check_values(a: argparse.Namespace) -> None:
+def check_values(a: ModelFlags) -> None:
     """Values that are wrong whatever the checkpoint says, and flags that cancel each other."""
     if a.max_new_tokens is not None and a.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
@@ -165,7 +194,7 @@ def has_chat_template(model_dir: Path) -> bool:
     return (model_dir / "chat_template.jinja").is_file() or (model_dir / "tokenizer_config.json").is_file()
 
 
-def sampler_from(a: argparse.Namespace, target_dir: Path) -> tuple[SamplerConfig, str]:
+def sampler_from(a: ModelFlags, target_dir: Path) -> tuple[SamplerConfig, str]:
     """The sampling settings (flags first, then generation_config.json), and the keys the file gave."""
     gen = target_dir / "generation_config.json"
     file = read_json(gen) if gen.is_file() else {}
@@ -226,7 +255,7 @@ class Assistant:
     drafting: str
 
 
-def load_target_from(a: argparse.Namespace, say: Callable[[str], None],
+def load_target_from(a: ModelFlags, say: Callable[[str], None],
                      demo_target: Path = DEMO_TARGET) -> tuple[Target, torch.device, torch.dtype]:
     """Device, dtype and the target, with the sampling settings resolved and checked. `say` prints one
     header line (to stderr, or nowhere)."""
@@ -254,7 +283,7 @@ def load_target_from(a: argparse.Namespace, say: Callable[[str], None],
     return target, dev, dtype
 
 
-def load_assistant_from(a: argparse.Namespace, target: Target, dev: torch.device, dtype: torch.dtype,
+def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype: torch.dtype,
                         say: Callable[[str], None]) -> Assistant | None:
     """The drafter, checked against the target, and its drafts per round; None with --no-assistant."""
     if a.no_assistant:

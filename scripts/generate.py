@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 from _batch import run_batch, split_prompts  # noqa: E402
 from _options import (  # noqa: E402
-    DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, Parser, UsageError, add_model_options, check_values,
-    load_assistant_from, load_target_from, one_line, refuse, sampling_line,
+    DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, ModelFlags, Parser, UsageError,
+    add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse, sampling_line,
 )
 from _stream import Sink, Stream, colour_on  # noqa: E402
 from gemma4.generate import check_prompt, sample_generate  # noqa: E402
@@ -99,32 +99,33 @@ def shorten(text: str, width: int = 60) -> str:
 
 # ---------------------------------------------------------------- main
 
-def main(a: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None,
-         batch: list[str] | list[list[int]] | None = None, demo_target: Path = DEMO_TARGET) -> int:
+def main(a: ModelFlags, prompt: str | None, prompt_ids: list[int] | None, raw: bool = False, compare: bool = False,
+         json_output: bool = False, batch: list[str] | list[list[int]] | None = None,
+         demo_target: Path = DEMO_TARGET) -> int:
     """Run one generation (or one batch) and print it; returns the exit status (0, or 130 after Ctrl-C)."""
     check_values(a)
     if batch:  # the first row goes through every check of a single prompt
         prompt, prompt_ids = (batch[0], None) if isinstance(batch[0], str) else (None, batch[0])
     if (prompt is not None and not prompt.strip()) or prompt_ids == []:
         raise UsageError("the prompt is empty: give some text with --prompt or token ids with --prompt-ids")
-    if a.raw and prompt is None and prompt_ids is not None:
+    if raw and prompt is None and prompt_ids is not None:
         raise UsageError("--raw applies to --prompt text; --prompt-ids are always sent as they are")
-    if a.no_assistant and a.compare:
+    if a.no_assistant and compare:
         refuse("--compare", "it compares speculative with plain decoding, and --no-assistant is plain already")
-    if a.show_drafts and a.json_output:
+    if a.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
-    say = (lambda line: None) if a.json_output else (lambda line: print(line, file=sys.stderr))
+    say = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
 
     # Target, tokenizer and prompt first: a bad prompt fails before the assistant is fetched.
     target, dev, dtype = load_target_from(a, say, demo_target)
-    if a.raw and not target.chat:
+    if raw and not target.chat:
         refuse("--raw", f"{target.name} has no chat template, so --prompt is sent as it is already: drop --raw")
-    raw = a.raw or not target.chat
+    as_is = raw or not target.chat  # no chat template: the text is continued as it is
 
     def encode(text: str) -> list[int]:
         if target.tokenizer is None:
             raise UsageError(f"{target.dir} has no tokenizer.json to encode --prompt: add it, or give --prompt-ids")
-        return target.tokenizer.encode_raw(text) if raw else target.tokenizer.encode_chat(text, target.empty_thought)
+        return target.tokenizer.encode_raw(text) if as_is else target.tokenizer.encode_chat(text, target.empty_thought)
 
     if prompt is None and prompt_ids is None:
         prompt = CHAT_PROMPT if target.chat else CODE_PROMPT
@@ -137,7 +138,7 @@ def main(a: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None
         print(f"note: --max-new-tokens {max_new_tokens} is cut to {context - len(prompt_ids)}: the context holds "
               f"{context} positions and the prompt takes {len(prompt_ids)}", file=sys.stderr)
         max_new_tokens = context - len(prompt_ids)
-    how = "as given" if prompt is None else "raw" if raw else "chat template"
+    how = "as given" if prompt is None else "raw" if as_is else "chat template"
     shown = f"{shorten(prompt)}, " if prompt is not None else ""
     say(f"prompt     {shown}{len(prompt_ids)} tokens ({how})" + (f", the first of {len(batch)} rows" if batch else ""))
     assistant = load_assistant_from(a, target, dev, dtype, say)
@@ -152,14 +153,14 @@ def main(a: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None
                                      "top_p": sampler.top_p, "seed": row_seed, "drafting": drafting}
         rows = [encode(p) if isinstance(p, str) else p for p in batch]
         result, text, totals = run_batch(target.model, drafter, draft_length, rows, max_new_tokens, stops, sampler,
-                                         drafting or "argmax", target.tokenizer, a.json_output, a.compare,
+                                         drafting or "argmax", target.tokenizer, json_output, compare,
                                          a.show_drafts, stats_json, sampling)
-        print(json.dumps(result) if a.json_output else text)
+        print(json.dumps(result) if json_output else text)
         say(totals)
         return 0
 
     # On a terminal the marked text is the text; otherwise stdout gets it plain and stderr the marked copy.
-    sinks = [] if a.json_output else [Sink(sys.stdout, a.show_drafts and sys.stdout.isatty(), colour_on(sys.stdout))]
+    sinks = [] if json_output else [Sink(sys.stdout, a.show_drafts and sys.stdout.isatty(), colour_on(sys.stdout))]
     if a.show_drafts and not sys.stdout.isatty():
         sinks.append(Sink(sys.stderr, True, colour_on(sys.stderr)))
     if a.show_drafts:
@@ -182,7 +183,7 @@ def main(a: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None
             stats, finish_reason = None, "stop" if tokens[-1] in stops else "length"
     except KeyboardInterrupt:
         stream.finish()
-        if a.json_output:
+        if json_output:
             partial = {"tokens": stream.tokens, "text": stream.text(), "finish_reason": "interrupted", "stats": None}
             print(json.dumps(partial))
         print(f"interrupted after {len(stream.tokens)} new tokens", file=sys.stderr)
@@ -195,7 +196,7 @@ def main(a: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None
                            "seed": sampler.seed, "drafting": drafting}}
 
     status = 0
-    if a.compare:
+    if compare:
         say(f"running plain {'greedy decoding' if sampler.greedy else 'sampling, same seed,'} for --compare ...")
         start = time.perf_counter()
         try:
@@ -211,7 +212,7 @@ def main(a: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None
             print("interrupted: --compare skipped", file=sys.stderr)
             status = INTERRUPTED
 
-    if a.json_output:
+    if json_output:
         print(json.dumps(result))
     else:
         say("\n" + stats_text(result, stats))
@@ -264,7 +265,8 @@ def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file)
-        return main(args, prompt, prompt_ids, batch, demo_target)
+        return main(ModelFlags.parsed(args), prompt, prompt_ids, args.raw, args.compare, args.json_output, batch,
+                    demo_target)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED
