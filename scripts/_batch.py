@@ -98,7 +98,8 @@ def run_batch(
     if drafter is not None and drafting == "sample":  # (at temperature 0 check_options refused it already)
         raise ValueError("--drafting sample runs one prompt at a time: batches draft by argmax (the default)")
     if show_drafts and not json_output:
-        raise ValueError("--show-drafts marks the streamed text of one prompt: give one prompt, or drop it")
+        raise ValueError("--show-drafts has no effect here: it marks the streamed text of one prompt, and several "
+                         "are printed after the run: give one prompt, or drop it")
     samplers = [dataclasses.replace(sampler, seed=sampler.seed + i) for i in range(len(rows))]  # row i: seed + i
 
     def batch() -> list[tuple[list[int], Any, str]]:

@@ -110,7 +110,7 @@ def main(a: ModelFlags, prompt: str | None, prompt_ids: list[int] | None, raw: b
         raise UsageError("the prompt is empty: give some text with --prompt or token ids with --prompt-ids")
     if raw and prompt is None and prompt_ids is not None:
         raise UsageError("--raw applies to --prompt text; --prompt-ids are always sent as they are")
-    if a.no_assistant and compare:
+    if a.no_assistant and compare and not batch:  # (a batch compares with its rows run one after another)
         refuse("--compare", "it compares speculative with plain decoding, and --no-assistant is plain already")
     if a.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")

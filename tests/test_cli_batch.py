@@ -76,6 +76,7 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
     ("empty prompt", "one of the prompts is empty"),
     ("ids and file", "give --prompt with it, not --prompt-ids"),
     ("sample drafting", "batches draft by argmax"),
+    ("show-drafts", "--show-drafts has no effect here"),
 ])
 def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: str, expected: str) -> None:  # noqa: F811
     file = tmp_path / "prompts.txt"
@@ -87,6 +88,17 @@ def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: 
         "empty prompt": ["--prompt", "hi", "--prompt", " "],
         "ids and file": ["--prompt-ids", "2,3", "--prompts-file", str(file)],
         "sample drafting": ["--prompts-file", str(file), "--temperature", "1", "--drafting", "sample"],
+        "show-drafts": ["--prompts-file", str(file), "--show-drafts"],
     }[case]
     status, out, err = run_inprocess(capsys, [*common(pair), *args])
     assert_one_line_failure(status, out, err, expected)
+
+
+def test_compare_without_assistant(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    """With several prompts --compare runs them one after another, which plain decoding can do too."""
+    args = ["--target", str(pair[0]), "--max-new-tokens", "8", "--no-assistant", "--prompt", "hi", "--prompt", "yo",
+            "--compare", "--json"]
+    status, out, err = run_inprocess(capsys, args)
+    assert status == 0, err
+    totals = json.loads(out)["stats"]
+    assert totals["identical"] is True and set(totals["sequential"]) == {"seconds", "tokens_per_second"}
