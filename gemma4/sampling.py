@@ -4,7 +4,7 @@ Facts a reader must know:
 - The warpers run in fp32 in transformers' order: temperature, then top-k, then top-p, then softmax.
   top-k keeps every token whose logit is >= the k-th largest (ties at the k-th are all kept); top-p
   removes the tokens whose ascending cumulative probability is <= 1 - top_p and always keeps the most
-  likely one (equal logits are ordered by id, as a stable sort would: the higher ids are kept first).
+  likely one (equal logits in id order, as a stable sort puts them: the higher ids are kept first).
 - A row is warped into its *candidates*: the ids that keep a non-zero probability and those
   probabilities. With top-k set, only the tokens at or above the k-th logit are ever touched (a row of
   the real vocabulary is never sorted or soft-maxed whole); top-p then runs on those alone. `warp`
@@ -87,35 +87,32 @@ def top_k_ids(x: torch.Tensor, k: int) -> torch.Tensor:
 def top_p_keep(z: torch.Tensor, top_p: float) -> torch.Tensor:
     """z (M,) scaled logits of candidates in ascending id order -> a mask (M,) of the ones top-p keeps.
 
-    The rule read from the most likely token down (equal values: higher id first): a token is kept
-    while the mass strictly before it is < top_p. (That is the ascending rule, cumulative <= 1 - top_p
-    removed, seen from the other end.) A large set is never sorted: one pass adds up the mass of BINS
-    equal value slices; the slices above the one where the mass before reaches top_p are kept whole,
-    those below it removed whole, and only that slice is looked at again."""
+    The rule as a stable ascending sort reads it: a token goes when the mass at or below it (equal
+    values: lower ids below) is <= 1 - top_p; sums in float64. A large set is never sorted: one pass
+    adds up the mass of BINS equal value slices; the slices above the one where the mass below
+    passes 1 - top_p are kept whole, those under it removed whole, and only that slice is looked at
+    again (slices never split equal values)."""
     p = z.softmax(dim=-1)  # (M,)
     pos, w, wp = None, z, p  # the undecided tokens: positions (None: all), values, probabilities
-    above = 0.0  # mass of the tokens above them, all kept
+    below = 0.0  # mass of the tokens under them, all removed
     while len(w) > SMALL:
         hi, lo = float(w.max()), max(float(w.min()), -UNDERFLOW)  # z <= 0: the maximum is 0
         if lo == hi:
             break  # all equal: the exact pass below orders them by id
         slices = w.mul(-(BINS - 1) / (hi - lo)).add_(hi * (BINS - 1) / (hi - lo)).long().clamp_(max=BINS - 1)
         mass = torch.bincount(slices, weights=wp, minlength=BINS).double()  # (BINS,) slice 0: the top
-        before = torch.cat([mass.new_zeros(1), mass.cumsum(dim=0)[:-1]]) + above  # mass above each slice
-        b = int((before < top_p).sum()) - 1  # the last slice whose mass before it is < top_p
-        above = float(before[b])  # slices above b are kept whole: < before[b] before any of their tokens
-        inside = (slices == b).nonzero().flatten()  # slices below b go: >= top_p before any of their tokens
+        under = mass.flip(0).cumsum(dim=0).flip(0) - mass + below  # (BINS,) mass under each slice
+        b = int((under > 1 - top_p).sum())  # the top slice with <= 1 - top_p under it: the boundary
+        below = float(under[b])  # slices above b are kept whole: more than 1 - top_p under any token
+        inside = (slices == b).nonzero().flatten()  # slices under b go: at most under[b] at or below
         pos, w, wp = inside if pos is None else pos[inside], w[inside], wp[inside]
     if pos is None:
         pos = torch.arange(len(z), device=z.device)
-    # Exact pass: descending value, ties by descending id (a stable descending sort of the ids reversed).
-    rev = pos.flip(0)
-    ranked = rev[z[rev].sort(descending=True, stable=True).indices]  # (W,)
-    cumulative = p[ranked].cumsum(dim=0)
-    before = torch.cat([cumulative.new_zeros(1), cumulative[:-1]]) + above  # (W,) mass strictly before each
-    keep = z > w.max()  # (M,) slices never split equal values: everything above the last slice is kept
-    keep[ranked[before < top_p]] = True
-    keep[ranked[:1]] = True  # the most likely token always stays
+    ranked = pos[w.sort(stable=True).indices]  # (W,) ascending value, ties by ascending id
+    removed = p[ranked].double().cumsum(dim=0) + below <= 1 - top_p  # (W,)
+    removed[-1] = False  # the most likely token always stays
+    keep = z > w.max()  # (M,) everything above the last slice is kept
+    keep[ranked[~removed]] = True
     return keep
 
 
