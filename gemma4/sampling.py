@@ -117,23 +117,23 @@ def top_p_keep(z: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def candidates(logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row of logits (V,) -> its candidates: ids (M,) ascending and probabilities (M,) fp32, > 0.
-    Temperature, top-k, top-p, softmax (the order of the docstring above)."""
+    """One row of logits (V,) -> its candidates: ids (M,) ascending and probabilities (M,) fp32.
+    Temperature, top-k, top-p, softmax (the order of the docstring above). Every other token has
+    probability 0; a candidate may have 0 too (underflow far below the maximum), and then never wins."""
     x = logits.float()
     v = x.shape[0]
     if 0 < cfg.top_k < v:
         ids = top_k_ids(x, cfg.top_k)
+    elif float(x.min()) > float("-inf"):
+        ids = torch.arange(v, device=x.device)
     else:
-        finite = x > float("-inf")
-        ids = torch.arange(v, device=x.device) if bool(finite.all()) else finite.nonzero().flatten()
+        ids = (x > float("-inf")).nonzero().flatten()  # the centroid head's filler: probability 0
     vals = x if len(ids) == v else x[ids]  # (M,): every token needs no copy
     z = (vals - vals.max()) / cfg.temperature  # max subtracted first: a tiny T gives -inf, never NaN
     if cfg.top_p < 1:
         keep = top_p_keep(z, cfg.top_p)
         ids, z = ids[keep], z[keep]
-    probs = z.softmax(dim=-1)
-    nonzero = probs > 0  # a tiny T: everything below the maximum underflows to 0
-    return (ids, probs) if bool(nonzero.all()) else (ids[nonzero], probs[nonzero])
+    return ids, z.softmax(dim=-1)  # a tiny T underflows all but the maximum to probability 0
 
 
 def warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
@@ -184,8 +184,9 @@ def keyed_bits(seed: int, stream: int, position: int, ids: torch.Tensor) -> torc
 
 
 def uniform_from_bits(z: torch.Tensor) -> torch.Tensor:
-    """(M,) int64 bits -> (M,) float64 in (0, 1]: the top 53 bits plus one, times 2^-53 (never 0)."""
-    return z.bitwise_right_shift(11).bitwise_and_((1 << 53) - 1).add_(1).double().mul_(2.0**-53)
+    """(M,) int64 bits, overwritten -> (M,) float64 in (0, 1]: the top 53 bits plus one, times 2^-53
+    (never 0)."""
+    return z.bitwise_right_shift_(11).bitwise_and_((1 << 53) - 1).add_(1).double().mul_(2.0**-53)
 
 
 def exponential_noise(seed: int, stream: int, position: int, ids: torch.Tensor) -> torch.Tensor:
