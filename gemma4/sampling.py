@@ -120,15 +120,14 @@ def candidates(logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, 
     """One row of logits (V,) -> its candidates: ids (M,) ascending and probabilities (M,) fp32.
     Temperature, top-k, top-p, softmax (the order of the docstring above). Every other token has
     probability 0; a candidate may have 0 too (underflow far below the maximum), and then never wins."""
-    x = logits.float()
-    v = x.shape[0]
+    x, v = logits, logits.shape[0]  # in the model's dtype: only the candidates are cast to fp32
     if 0 < cfg.top_k < v:
         ids = top_k_ids(x, cfg.top_k)
     elif float(x.min()) > float("-inf"):
         ids = torch.arange(v, device=x.device)
     else:
         ids = (x > float("-inf")).nonzero().flatten()  # the centroid head's filler: probability 0
-    vals = x if len(ids) == v else x[ids]  # (M,): every token needs no copy
+    vals = (x if len(ids) == v else x[ids]).float()  # (M,): every token needs no gather
     z = (vals - vals.max()) / cfg.temperature  # max subtracted first: a tiny T gives -inf, never NaN
     if cfg.top_p < 1:
         keep = top_p_keep(z, cfg.top_p)

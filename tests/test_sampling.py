@@ -129,6 +129,13 @@ def test_warp_equals_the_full_vocabulary_reference(v: int, temperature: float, t
         assert torch.equal(ids[probs > 0], row.nonzero().flatten()) and torch.equal(probs, row[ids])
 
 
+def test_bfloat16_logits_warp_as_their_float32_copy() -> None:
+    """Only the candidates are cast to fp32: the result is the same as casting the whole row first."""
+    logits = rows(4096, 5, seed=9).bfloat16()
+    for cfg in (SamplerConfig(top_k=64, top_p=0.95), SamplerConfig(top_k=0, top_p=0.9), SamplerConfig(0.5, 0, 1.0)):
+        assert torch.equal(warp(logits, cfg), warp(logits.float(), cfg))
+
+
 def test_top_p_ties_keep_the_higher_ids_as_a_stable_sort() -> None:
     flat = torch.zeros(1, 4)  # 0.25 each: top-p 0.5 keeps two of four equal tokens
     assert warp(flat, SamplerConfig(top_p=0.5))[0].tolist() == [0.0, 0.0, 0.5, 0.5]
