@@ -196,7 +196,7 @@ def exponential_noise(seed: int, stream: int, position: int, ids: torch.Tensor) 
 def keyed_choice(ids: torch.Tensor, weights: torch.Tensor, seed: int, stream: int, position: int) -> int:
     """argmax over the candidates ids (M,), ascending, of weight / E: a draw from weights (M,) >= 0,
     normalised or not. An exact tie goes to the first maximum: the lowest id."""
-    score = weights.double() / exponential_noise(seed, stream, position, ids)  # (M,)
+    score = weights / exponential_noise(seed, stream, position, ids)  # (M,) float64: the noise's dtype wins
     return int(ids[score.max(dim=0).indices])
 
 
