@@ -130,8 +130,8 @@ def candidates(logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, 
     vals = (x if len(ids) == v else x[ids]).float()  # (M,): every token needs no gather
     z = (vals - vals.max()) / cfg.temperature  # max subtracted first: a tiny T gives -inf, never NaN
     if cfg.top_p < 1:
-        keep = top_p_keep(z, cfg.top_p)
-        ids, z = ids[keep], z[keep]
+        kept = top_p_keep(z, cfg.top_p).nonzero().flatten()  # (M',) positions, ascending
+        ids, z = (kept if len(ids) == v else ids[kept]), z[kept]  # every token: ids[i] == i
     return ids, z.softmax(dim=-1)  # a tiny T underflows all but the maximum to probability 0
 
 
