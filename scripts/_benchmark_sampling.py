@@ -70,7 +70,8 @@ def row_costs(reps: int, interleaved: Interleaved) -> dict[str, Any]:
                     "old": lambda cfg=cfg: [previous_sample(logits, cfg, n) for n in range(CALLS)]}
             s, _ = interleaved(runs, reps, runs)
             out[f"V={v}, {name}"] = {
-                "new_ms": 1e3 * statistics.median(s["new"]) / CALLS, "old_ms": 1e3 * statistics.median(s["old"]) / CALLS,
+                "new_ms": 1e3 * statistics.median(s["new"]) / CALLS,
+                "old_ms": 1e3 * statistics.median(s["old"]) / CALLS,
                 "old/new": statistics.median(o / n for o, n in zip(s["old"], s["new"]))}
     return out
 
@@ -94,11 +95,13 @@ def decode_costs(pair_root: Path, configs: tuple[dict, dict], tokens: int, reps:
         "spec_greedy": lambda: spec("spec_greedy", None), "spec_sampled": lambda: spec("spec_sampled", GEMMA)}
     s, _ = interleaved(runs, reps, {name: runs[name] for name in ("plain_greedy", "spec_greedy")})  # pages weights in
     per_forward = {name: [x / forwards[name] for x in s[name]] for name in ("spec_greedy", "spec_sampled")}
-    return {"vocab": configs[0]["vocab_size"], "new_tokens": tokens, "reps": reps, "k": 2, "sampler": "T 1, top-k 64, top-p 0.95",
+    return {"vocab": configs[0]["vocab_size"], "new_tokens": tokens, "reps": reps, "k": 2,
+            "sampler": "T 1, top-k 64, top-p 0.95",
             "tokens_per_s": {name: tokens / statistics.median(x) for name, x in s.items() if name.startswith("plain")},
             "seconds_per_target_forward": {name: statistics.median(x) for name, x in per_forward.items()},
             "target_forwards": forwards,
-            "plain sampled/greedy tokens/s": statistics.median(g / p for g, p in zip(s["plain_greedy"], s["plain_sampled"])),
+            "plain sampled/greedy tokens/s": statistics.median(
+                g / p for g, p in zip(s["plain_greedy"], s["plain_sampled"])),
             "spec sampled/greedy s per forward": statistics.median(
                 a / b for a, b in zip(per_forward["spec_sampled"], per_forward["spec_greedy"]))}
 
@@ -120,7 +123,7 @@ def sampling_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     if d:
         out += [(f"sampling: e2b bf16 V={d['vocab']} plain, sampled / greedy tokens/s",
                  d["plain sampled/greedy tokens/s"], 0.97, True),
-                (f"sampling: e2b bf16 V={d['vocab']} speculative argmax drafting, s per target forward sampled / greedy",
+                (f"sampling: e2b bf16 V={d['vocab']} speculative argmax drafting, s per forward sampled / greedy",
                  d["spec sampled/greedy s per forward"], 1.03, False)]
     return [{"goal": g, "value": v, "limit": limit, "met": v >= limit if at_least else v <= limit}
             for g, v, limit, at_least in out]
@@ -141,6 +144,7 @@ def sampling_table(result: dict[str, Any]) -> str:
                       f"sampled = {d['sampler']}",
                   f"   plain decode tokens/s       greedy {t['plain_greedy']:.2f}  sampled {t['plain_sampled']:.2f}  "
                   f"sampled/greedy {d['plain sampled/greedy tokens/s']:.3f}",
-                  f"   speculative (argmax drafting, K = {d['k']}) s per target forward  greedy {f['spec_greedy']:.3f}  "
+                  f"   speculative (argmax drafting, K = {d['k']}) s per target forward  "
+                  f"greedy {f['spec_greedy']:.3f}  "
                   f"sampled {f['spec_sampled']:.3f}  sampled/greedy {d['spec sampled/greedy s per forward']:.3f}"]
     return "\n".join(lines)

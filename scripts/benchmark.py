@@ -392,7 +392,7 @@ if __name__ == "__main__":
     p.add_argument("--no-transformers", action="store_true", help="leave the transformers columns empty")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--sampling-vocab", type=int, default=FULL_VOCAB,
-                   help="vocabulary of the sampling section's E2B pair (writing the full one takes ≈ 20 GB of memory)")
+                   help="the sampling section's E2B pair's vocabulary (writing the full one takes ≈ 20 GB of memory)")
     a = p.parse_args()
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS))

@@ -25,7 +25,8 @@ def single(capsys: pytest.CaptureFixture, args: list[str]) -> dict:
 
 
 @pytest.mark.parametrize("drafting", ("argmax", "sample"))
-def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixture, drafting: str) -> None:  # noqa: F811
+def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixture,  # noqa: F811
+                                               drafting: str) -> None:
     texts = ["hi", "tell me about foxes", "hi"]
     sampled = [*common(pair), "--temperature", "0.9", "--top-k", "20", "--drafting", drafting]
     status, out, err = run_inprocess(capsys, [*sampled, "--seed", "7", *[x for t in texts for x in ("--prompt", t)],
