@@ -5,18 +5,20 @@ Facts a reader must know:
   top-k keeps every token whose logit is >= the k-th largest (ties at the k-th are all kept); top-p
   removes the tokens whose ascending cumulative probability is <= 1 - top_p and always keeps the most
   likely one (equal logits in id order, as a stable sort puts them: the higher ids are kept first).
-- A row is warped into its *candidates*: the ids that keep a non-zero probability and those
-  probabilities. With top-k set, only the tokens at or above the k-th logit are ever touched (a row of
-  the real vocabulary is never sorted or soft-maxed whole); top-p then runs on those alone. `warp`
-  scatters the candidates back into a (N, V) tensor for callers that want one.
+- A row is warped into its *candidates*: the ids that can still be drawn, and their probabilities
+  (a token removed by top-k/top-p, or -inf like the centroid head's filler, is not one). With top-k
+  set, only the tokens at or above the k-th logit are ever touched (a row of the real vocabulary is
+  never sorted or soft-maxed whole) and top-p runs on those alone; with top-k 0, top-p adds up the mass
+  of value slices instead of sorting the row. `warp` scatters the candidates back into (N, V).
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then
   sends every other token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as
   its limit, the argmax.
 - A token at absolute position n is `argmax_x p(x) / E_n(x)` over the candidates, E_n(x) ~ Exp(1) i.i.d.
   (the exponential form of the Gumbel-max trick): a draw from p. E_n(x) is a pure function of
   (seed, stream, n, x): splitmix64 counter-based hashing, computed with int64 tensor ops on the logits'
-  device, for the candidates only. It never depends on which other tokens are candidates, on the
-  global RNG, or on how many numbers were drawn before. So a position's draw is the same in plain
+  device, for the candidates only (the 64 bits are the same on every device; -log u is the device's
+  float64 log). It never depends on which other tokens are candidates, on the global RNG, or on how
+  many numbers were drawn before. So a position's draw is the same in plain
   decoding and in every speculative round that reaches it: that is what makes argmax-drafted
   speculative sampling equal plain sampling token for token.
 - Temperature 0 means greedy: callers take the plain argmax path, untouched; nothing here is used.
