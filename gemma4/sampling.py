@@ -102,7 +102,7 @@ def top_p_keep(z: torch.Tensor, top_p: float) -> torch.Tensor:
         if lo == hi:
             break  # all equal: the exact pass below orders them by id
         slices = w.mul(-(BINS - 1) / (hi - lo)).add_(hi * (BINS - 1) / (hi - lo)).long().clamp_(max=BINS - 1)
-        mass = torch.bincount(slices, weights=wp, minlength=BINS).double()  # (BINS,) slice 0: the top
+        mass = wp.new_zeros(BINS).scatter_add_(0, slices, wp).double()  # (BINS,) slice 0: the top
         under = mass.flip(0).cumsum(dim=0).flip(0) - mass + below  # (BINS,) mass under each slice
         b = int((under > 1 - top_p).sum())  # the top slice with <= 1 - top_p under it: the boundary
         below = float(under[b])  # slices above b are kept whole: more than 1 - top_p under any token
