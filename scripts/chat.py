@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -30,8 +31,9 @@ sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
 import torch  # noqa: E402
 
 from _options import (  # noqa: E402
-    DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, ModelFlags, Parser, Target, UsageError,
-    add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse, sampling_line,
+    DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, Assistant, ModelFlags, Parser, Target,
+    UsageError, add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse,
+    sampling_line,
 )
 from _report import stats_json, stats_text  # noqa: E402
 from _stream import Sink, Stream, colour_on  # noqa: E402
@@ -101,10 +103,12 @@ def reply_report(reply: Reply, temperature: float) -> str:
 def chat_line(target: Target, system: str | None, think: bool, max_new_tokens: int) -> str:
     context = target.model.config.max_position_embeddings
     line = f"chat       {context} positions of context, at most {max_new_tokens} new tokens a turn"
-    line += (", thinking on" if think else "") + (f", system {json.dumps(system.strip())}" if system is not None else "")
+    line += ", thinking on" if think else ""
+    line += f", system {json.dumps(system.strip())}" if system is not None else ""
     if not target.chat:
-        line += ("\n           no chat template: this model never saw chat turns (the demo is a model of Python "
-                 "source); its turns are written in Gemma 4's format all the same, so expect code, not answers")
+        more = " " * len("chat       ")
+        line += (f"\n{more}no chat template: this model never saw chat turns (the demo is a model of Python source);"
+                 f"\n{more}its turns are written in Gemma 4's format all the same, so expect code, not answers")
     return line
 
 
@@ -113,8 +117,9 @@ def chat_tokenizer(target: Target, think: bool) -> Gemma4Tokenizer:
     if target.tokenizer is None:
         raise UsageError(f"{target.dir} has no tokenizer.json, which chat needs to read what you type: add it, "
                          f"or use generate.py --prompt-ids")
-    needed = {"<bos>": BOS_ID, "<|turn>": TURN_START_ID, "<turn|>": TURN_END_ID} | ({"<|think|>": THINK_ID} if think
-                                                                                    else {})
+    needed = {"<bos>": BOS_ID, "<|turn>": TURN_START_ID, "<turn|>": TURN_END_ID}
+    if think:
+        needed["<|think|>"] = THINK_ID
     wrong = [f"{name} {i}" for name, i in needed.items() if target.tokenizer.tokenizer.token_to_id(name) != i]
     if wrong:
         raise UsageError(f"{target.dir}/tokenizer.json lacks Gemma 4's control tokens ({', '.join(wrong)}), so chat "
@@ -123,6 +128,61 @@ def chat_tokenizer(target: Target, think: bool) -> Gemma4Tokenizer:
 
 
 # ---------------------------------------------------------------- main
+
+@dataclass
+class Session:
+    """The conversation and how its turns are shown: streamed text on a terminal, objects with --json."""
+    conversation: Conversation
+    target: Target
+    assistant: Assistant | None
+    max_new_tokens: int
+    sinks: list[Sink]  # where a reply streams (none with --json)
+    json_output: bool
+    say: Callable[[str], None]  # a line on stderr (nowhere with --json)
+    last: Reply | None = None
+
+    def turn(self, text: str) -> None:
+        stream = Stream(self.conversation.tokenizer, self.sinks)
+        a = self.assistant
+        try:
+            reply = self.conversation.say(text, self.max_new_tokens, self.target.sampler, a and a.draft_length,
+                                          a.drafting if a else "argmax", on_commit=stream.commit)
+        except ContextFull as e:  # the conversation is unchanged and goes on
+            if self.json_output:  # an object in the turn's place: a script reading a line per turn stays in step
+                print(json.dumps({"error": str(e)}), flush=True)
+            self.say(f"{one_line(e)}\n")
+            return
+        except KeyboardInterrupt:  # in the instant before its loop began: the turn did not happen
+            stream.finish()
+            self.say("(interrupted)\n")
+            return
+        self.last = reply
+        if self.json_output:
+            print(json.dumps(reply_json(reply)), flush=True)
+            return
+        stream.finish()
+        if reply.finish_reason == "interrupted":
+            self.say(f"(stopped after {len(reply.tokens)} tokens: the text above is kept as the model's turn)")
+        self.say("")
+
+    def command(self, line: str) -> bool:
+        """Run `line` if it is a command (/exit is the caller's); False if it is a message."""
+        if line == "/reset":
+            self.conversation.reset()
+            self.say("-- the conversation starts over\n")
+            return True
+        if self.json_output or not line.startswith("/") or len(line.split()) > 1:
+            return False
+        if line == "/stats":
+            self.say(reply_report(self.last, self.target.sampler.temperature) if self.last else "-- no turn yet")
+        elif line in ("/help", "/?"):
+            self.say(HELP)
+        else:
+            self.say(f"unknown command {line} (/help lists them); to send it as text, put it between two lines "
+                     f"{FENCE}")
+        self.say("")
+        return True
+
 
 def main(a: ModelFlags, system: str | None, think: bool, json_output: bool, source: TextIO,
          demo_target: Path = DEMO_TARGET) -> int:
@@ -141,7 +201,7 @@ def main(a: ModelFlags, system: str | None, think: bool, json_output: bool, sour
     if prompt:
         say(HELP)
     # As generate.py: on a terminal the marked text is the text; otherwise stdout gets it plain and
-    # stderr the marked copy. --json shows nothing while a turn runs.
+    # stderr the marked copy.
     sinks = [] if json_output else [Sink(sys.stdout, a.show_drafts and sys.stdout.isatty(), colour_on(sys.stdout))]
     if a.show_drafts and not sys.stdout.isatty():
         sinks.append(Sink(sys.stderr, True, colour_on(sys.stderr)))
@@ -151,70 +211,33 @@ def main(a: ModelFlags, system: str | None, think: bool, json_output: bool, sour
     say("")
 
     conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think, target.stops)
+    session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say)
     with torch.inference_mode():  # one tiny forward, so that one-time start-up costs are not charged to turn 1
         target.model.run(torch.tensor([[BOS_ID]], device=dev))
     lines = Lines(source, prompt)
-    last: Reply | None = None
-    interrupts = 0  # Ctrl-C at the prompt, in a row
+    interrupted = False  # the last thing at the prompt was a Ctrl-C
     while True:
         try:
             text = lines.message()
         except EOFError:
             if prompt:
-                print()  # the prompt's line
+                print()  # end the prompt's line
             return 0
         except KeyboardInterrupt:
             if not prompt:
                 return INTERRUPTED
             print()
-            if interrupts:
+            if interrupted:
                 return 0
-            interrupts = 1
+            interrupted = True
             say("(Ctrl-C again, Ctrl-D or /exit leaves)")
             continue
-        interrupts = 0
-        command = text.strip()
-        if not command:
-            continue
-        if command == "/exit":
+        interrupted = False
+        line = text.strip()
+        if line == "/exit":
             return 0
-        if command == "/reset":
-            conversation.reset()
-            say("-- the conversation starts over\n")
-            continue
-        if not json_output and command.startswith("/") and len(command.split()) == 1:
-            if command == "/stats":
-                say(reply_report(last, target.sampler.temperature) if last else "-- no turn yet")
-            elif command in ("/help", "/?"):
-                say(HELP)
-            else:
-                say(f"unknown command {command} (/help lists them); to send it as text, put it between two "
-                    f"lines {FENCE}")
-            say("")
-            continue
-
-        stream = Stream(tokenizer, sinks)
-        try:
-            reply = conversation.say(text, max_new_tokens, target.sampler, assistant and assistant.draft_length,
-                                     assistant.drafting if assistant else "argmax", on_commit=stream.commit)
-        except ContextFull as e:  # the conversation is unchanged and goes on
-            if json_output:
-                print(json.dumps({"error": str(e)}), flush=True)
-            else:
-                say(f"{one_line(e)}\n")
-            continue
-        except KeyboardInterrupt:  # in the instant before the loop started: the turn did not happen
-            stream.finish()
-            say("(interrupted before the reply began)\n")
-            continue
-        last = reply
-        if json_output:
-            print(json.dumps(reply_json(reply)), flush=True)
-            continue
-        stream.finish()
-        if reply.finish_reason == "interrupted":
-            say(f"(stopped after {len(reply.tokens)} tokens: the text above is kept as the model's turn)")
-        say("")
+        if line and not session.command(line):
+            session.turn(text)
 
 
 # ---------------------------------------------------------------- command line
