@@ -249,7 +249,7 @@ bundled demo pair (scripts/demo), a model of Python source that never saw chat t
 COMMANDS = f"""\
 in the conversation:
 {HELP}
-Ctrl-C at the prompt drops the line; a second Ctrl-C in a row leaves.
+Ctrl-C at the prompt drops the line; a second Ctrl-C in a row leaves. --max-new-tokens counts per turn.
 --json: stdin lines are user turns (a line /reset resets, /exit leaves); stdout gets one JSON object per
 turn on one line: turn, prompt_ids, reused, prefilled, tokens, text, finish_reason, stats."""
 
