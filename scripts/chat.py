@@ -10,7 +10,8 @@
   Ctrl-C stops a reply and keeps what was shown as the model's turn; Ctrl-C at the prompt drops the
   line and says how to leave, a second one in a row leaves, as does Ctrl-D or `/exit` (status 0).
   Without a terminal on stdin the same lines are read, without prompts.
-- `--json`: stdin lines are user turns, stdout one JSON object per turn on one line, nothing else.
+- `--json`: stdin lines are user turns, stdout one JSON object per turn on one line, nothing else
+  (`{"error": ...}` in the place of a turn that does not fit the context).
 - A model without a chat template (the demo, a model of Python source) still chats: Gemma 4's
   turns are written by id, and its vocabulary holds the control tokens. The header says it never saw
   chat turns, so its replies are continuations of code, not answers.

@@ -123,8 +123,8 @@ class InterruptSecondTurn(chat.Stream):
     """The stream of chat.py, with a real SIGINT (Ctrl-C's signal) once turn 2 has shown 4 tokens."""
     made = 0
 
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-        super().__init__(*args, **kwargs)
+    def __init__(self, tokenizer: Gemma4Tokenizer, sinks: list) -> None:
+        super().__init__(tokenizer, sinks)
         InterruptSecondTurn.made += 1
         self.interrupt = InterruptSecondTurn.made == 2
 
