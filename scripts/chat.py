@@ -151,7 +151,7 @@ class Session:
         except ContextFull as e:  # the conversation is unchanged and goes on
             if self.json_output:  # an object in the turn's place: a script reading a line per turn stays in step
                 print(json.dumps({"error": str(e)}), flush=True)
-            self.say(f"{one_line(e)}\n")
+            self.say(f"not sent: {e}\n")
             return
         except KeyboardInterrupt:  # in the instant before its loop began: the turn did not happen
             stream.finish()

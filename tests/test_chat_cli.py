@@ -151,6 +151,21 @@ def test_after_an_interrupted_turn_and_a_turn_too_long(name: str, pair, capsys: 
     check_turns(capsys, flags, replies, system_turn="--think" in chat_flags)
 
 
+def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    """Without --json and without a terminal: stdout holds the replies alone, the same text as --json's;
+    a message too long for the context is not sent, in one line, and the session goes on."""
+    flags = model_flags(pair, ["--temperature", "0"])
+    lines = ["Hi.", "x" * 1100, "/stats", "Again.", "/nonsense"]
+    status = chat.cli(flags, source=io.StringIO("".join(line + "\n" for line in lines)))
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    _, replies, _ = run_chat(capsys, flags, [line for line in lines if not line.startswith("/")])  # (--json: text)
+    assert out == "".join(r["text"] + "\n" for r in replies if "text" in r)
+    assert "\nnot sent: this turn needs " in err and "context holds 1024: /reset to start over\n" in err
+    assert f"-- turn 1: the prompt has {len(replies[0]['prompt_ids'])} tokens: 0 reused from the cache" in err
+    assert "unknown command /nonsense" in err and "Traceback" not in err
+
+
 def test_dimmed_thought(tmp_path: Path) -> None:
     """A thought is dimmed on a colour sink and plain elsewhere; the text is the same."""
     from tests.tokenizer_fixture import write_tokenizer
