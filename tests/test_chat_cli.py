@@ -20,6 +20,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -197,6 +198,27 @@ def test_refusals(args: list[str], expected: str, capsys: pytest.CaptureFixture)
         status = chat.cli(args, source=io.StringIO("never read\n"))
     except SystemExit as e:
         status = e.code
+    out, err = capsys.readouterr()
+    assert_one_line_failure(status, out, err, expected)
+
+
+@pytest.mark.parametrize("case", ["no tokenizer", "no control tokens"])
+def test_a_tokenizer_chat_cannot_use(case: str, pair, tmp_path: Path,  # noqa: F811
+                                     capsys: pytest.CaptureFixture) -> None:
+    target = Path(shutil.copytree(pair[0], tmp_path / "target"))
+    file = target / "tokenizer.json"
+    if case == "no tokenizer":
+        file.unlink()
+        expected = "has no tokenizer.json, which chat needs to read what you type"
+    else:  # a vocabulary where id 105 is an ordinary reserved slot, not <|turn>
+        data = json.loads(file.read_text())
+        for token in data["added_tokens"]:
+            token["content"] = "<unused105>" if token["id"] == 105 else token["content"]
+        vocab = data["model"]["vocab"]
+        data["model"]["vocab"] = {("<unused105>" if k == "<|turn>" else k): v for k, v in vocab.items()}
+        file.write_text(json.dumps(data))
+        expected = "lacks Gemma 4's control tokens (<|turn> 105), so chat cannot write turns"
+    status = chat.cli(["--target", str(target), "--no-assistant"], source=io.StringIO("hi\n"))
     out, err = capsys.readouterr()
     assert_one_line_failure(status, out, err, expected)
 
