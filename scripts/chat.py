@@ -19,6 +19,7 @@
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
 sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
 
+
+def leave(signum: int, frame: object) -> None:
+    print("\ninterrupted", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
+# Ctrl-C in the second or two that torch takes to import: leave as later, without a traceback.
+_usual = signal.signal(signal.SIGINT, leave)
 import torch  # noqa: E402
 
 from _options import (  # noqa: E402
@@ -40,6 +49,8 @@ from _report import stats_json, stats_text  # noqa: E402
 from _stream import Sink, Stream, colour_on  # noqa: E402
 from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer  # noqa: E402
 from mtp import ContextFull, Conversation, Reply  # noqa: E402
+
+signal.signal(signal.SIGINT, _usual)
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message
