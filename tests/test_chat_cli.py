@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -276,16 +277,41 @@ class Terminal:
         shown, self.read = seen[self.read:end], end
         return shown
 
-    def status(self) -> int:
-        while True:  # drain, so the child never blocks on a full terminal
+    def status(self, timeout: float = 120) -> int:
+        """The exit status, once the child has closed the terminal."""
+        while select.select([self.fd], [], [], timeout)[0]:  # drain, so the child never blocks on a full terminal
             try:
                 if not os.read(self.fd, 4096):
                     break
-            except OSError:
+            except OSError:  # EIO: closed
                 break
+        else:
+            raise AssertionError(f"the session did not end; it showed {self.seen[self.read:]!r}")
         _, status = os.waitpid(self.pid, 0)
         os.close(self.fd)
+        self.pid = 0
         return os.waitstatus_to_exitcode(status)
+
+    def close(self) -> None:
+        """End the child if a failed test left it running."""
+        if self.pid:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            os.close(self.fd)
+            self.pid = 0
+
+
+@pytest.fixture
+def terminal() -> Iterator[Callable[[list[str]], Terminal]]:
+    started: list[Terminal] = []
+
+    def start(args: list[str]) -> Terminal:
+        started.append(Terminal(args))
+        return started[-1]
+
+    yield start
+    for term in started:
+        term.close()
 
 
 def ctrl_c_at_the_prompt(term: Terminal) -> None:
@@ -302,8 +328,8 @@ def ctrl_c_at_the_prompt(term: Terminal) -> None:
     term.send("\x03")
 
 
-def test_terminal_session_on_the_demo() -> None:
-    term = Terminal(["--max-new-tokens", "150", "--ignore-eos"])
+def test_terminal_session_on_the_demo(terminal: Callable[[list[str]], Terminal]) -> None:
+    term = terminal(["--max-new-tokens", "150", "--ignore-eos"])
     header = term.until("\n>>> ")
     assert "no chat template: this model never saw chat turns" in header and "Ctrl-C stops a reply" in header
     term.send("class Stack:\r")
@@ -331,9 +357,9 @@ def test_terminal_session_on_the_demo() -> None:
 
 
 @pytest.mark.parametrize("second", ["\x04", "\x03"], ids=["ctrl-d", "ctrl-c"])
-def test_terminal_leaves(second: str) -> None:
+def test_terminal_leaves(second: str, terminal: Callable[[list[str]], Terminal]) -> None:
     """Ctrl-C at the prompt says how to leave; then Ctrl-D, or a second Ctrl-C in a row, leaves."""
-    term = Terminal(["--max-new-tokens", "4"])
+    term = terminal(["--max-new-tokens", "4"])
     term.until("\n>>> ")
     ctrl_c_at_the_prompt(term)
     assert "(Ctrl-C again, Ctrl-D or /exit leaves)" in term.until("\n>>> ")
