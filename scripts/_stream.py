@@ -4,15 +4,18 @@ A `Sink` is one place the text goes: stdout, and (with --show-drafts when stdout
 stderr with the marks, so that stdout stays the generated text alone. Accepted drafts are green on a
 terminal; without colour they sit between ⟦ and ⟧, which Python source (the demo's text) never holds,
 unlike the square brackets an earlier version used.
+
+A thought (what a thinking model writes between `<|channel>` and `<channel|>`) is dimmed on a colour
+sink, and plain elsewhere.
 """
 
 import os
 from dataclasses import dataclass
 from typing import TextIO
 
-from gemma4.tokenizer import Gemma4Tokenizer
+from gemma4.tokenizer import CHANNEL_END_ID, CHANNEL_START_ID, Gemma4Tokenizer
 
-GREEN, RESET = "\x1b[32m", "\x1b[0m"
+GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 OPEN, CLOSE = "⟦", "⟧"  # U+27E6, U+27E7: marks that code and prose do not use
 
 
@@ -43,6 +46,7 @@ class Stream:
         self.tokens: list[int] = []
         self.shown = 0  # characters of the text already printed
         self.open_run: set[int] = set()  # ids that do not close a run of byte tokens
+        self.thinking = False  # inside a thought: dimmed
         if tokenizer is not None:
             t = tokenizer.tokenizer
             self.open_run = {i for i, tok in t.get_added_tokens_decoder().items() if tok.special}
@@ -56,12 +60,21 @@ class Stream:
         """One committed block: accepted drafts first, then the target's own token."""
         start = 0
         while start < len(tokens):  # print runs of the same origin, so one mark holds one round's drafts
-            end = start
-            while end < len(tokens) and from_drafter[end] == from_drafter[start]:
+            end = start + 1
+            while (end < len(tokens) and from_drafter[end] == from_drafter[start]
+                   and not self.switches_thought(tokens[end - 1])):
                 end += 1
             self.tokens += tokens[start:end]
-            self.show(tokens[start:end], from_drafter[start])
+            if self.switches_thought(tokens[end - 1]):  # print the text so far in the style it had
+                self.show(tokens[start:end], from_drafter[start], final=True)
+                self.thinking = tokens[end - 1] == CHANNEL_START_ID
+            else:
+                self.show(tokens[start:end], from_drafter[start])
             start = end
+
+    @staticmethod
+    def switches_thought(token: int) -> bool:
+        return token in (CHANNEL_START_ID, CHANNEL_END_ID)
 
     def show(self, run: list[int], drafted: bool, final: bool = False) -> None:
         if not self.sinks:
@@ -78,6 +91,8 @@ class Stream:
             out = piece
             if drafted and sink.mark and piece:
                 out = f"{GREEN}{piece}{RESET}" if sink.colour else f"{OPEN}{piece}{CLOSE}"
+            if self.thinking and sink.colour and piece:
+                out = f"{DIM}{out}{RESET}"
             sink.file.write(out)
             sink.file.flush()
 
