@@ -19,7 +19,6 @@
 
 import argparse
 import json
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,27 +29,20 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
 sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
 
+from _startup import quiet_interrupt  # noqa: E402
 
-def leave(signum: int, frame: object) -> None:
-    print("\ninterrupted", file=sys.stderr)
-    sys.exit(128 + signum)
+with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
+    import torch  # noqa: E402
 
-
-# Ctrl-C in the second or two that torch takes to import: leave as later, without a traceback.
-_usual = signal.signal(signal.SIGINT, leave)
-import torch  # noqa: E402
-
-from _options import (  # noqa: E402
-    DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, Assistant, ModelFlags, Parser, Target,
-    UsageError, add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse,
-    sampling_line,
-)
-from _report import stats_json, stats_text  # noqa: E402
-from _stream import Sink, Stream, colour_on  # noqa: E402
-from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer  # noqa: E402
-from mtp import ContextFull, Conversation, Reply  # noqa: E402
-
-signal.signal(signal.SIGINT, _usual)
+    from _options import (  # noqa: E402
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, Assistant, ModelFlags, Parser, Target,
+        UsageError, add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse,
+        sampling_line,
+    )
+    from _report import stats_json, stats_text  # noqa: E402
+    from _stream import Sink, Stream, colour_on  # noqa: E402
+    from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer  # noqa: E402
+    from mtp import ContextFull, Conversation, Reply  # noqa: E402
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message

@@ -23,17 +23,20 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
 sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
 
-import torch  # noqa: E402
+from _startup import quiet_interrupt  # noqa: E402
 
-from _batch import run_batch, split_prompts  # noqa: E402
-from _options import (  # noqa: E402
-    DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, ModelFlags, Parser, UsageError,
-    add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse, sampling_line,
-)
-from _report import stats_json, stats_text  # noqa: E402
-from _stream import Sink, Stream, colour_on  # noqa: E402
-from gemma4.generate import check_prompt, sample_generate  # noqa: E402
-from mtp import speculative_generate  # noqa: E402
+with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
+    import torch  # noqa: E402
+
+    from _batch import run_batch, split_prompts  # noqa: E402
+    from _options import (  # noqa: E402
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, ModelFlags, Parser, UsageError,
+        add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse, sampling_line,
+    )
+    from _report import stats_json, stats_text  # noqa: E402
+    from _stream import Sink, Stream, colour_on  # noqa: E402
+    from gemma4.generate import check_prompt, sample_generate  # noqa: E402
+    from mtp import speculative_generate  # noqa: E402
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
 # The default prompt of a model without a chat template, like the demo (a model of Python source):
