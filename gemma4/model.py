@@ -25,7 +25,7 @@ from torch import nn
 
 from gemma4.cache import KVCache, RowSlots
 from gemma4.config import SLIDING, RopeConfig, TextConfig
-from gemma4.packing import Linear, Packed, linear
+from gemma4.packing import Choice, Linear, Prepared, Product, linear
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:
@@ -41,8 +41,9 @@ def eps_tensor(eps: float, dtype: torch.dtype, device: torch.device) -> torch.Te
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """§2.1: x * (mean(x²) + eps)^-1/2 in fp32, times the weight directly (not 1 + w), cast back.
 
-    Six native ops: F.rms_norm, a composite on the CPU, dispatches ~20 and x.pow(2).mean() ~10, and a
-    decode step of a small model runs ~170 norms (this is 16% faster on the demo; same fp32 sums).
+    Six native ops (seven with the sum's zero fill). `F.rms_norm`, a composite on the CPU, dispatches 24,
+    x.pow(2).mean() ~10, and a decode step of a small model runs ~150 norms; mean(x²) as |x|²/n from one
+    `vector_norm` call saves two ops but moves e2b's logits 2.4e-4 from transformers' (limit 1e-4).
     """
     dtype = wide(x.dtype)
     xf = x if x.dtype == dtype else x.to(dtype)
@@ -151,18 +152,50 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.head_dim = d = config.head_dims[layer]
+        self.num_heads, self.kv_heads = config.num_heads, config.kv_heads[layer]
         self.shared = config.is_shared(layer)
         self.has_v_proj = not self.shared and config.has_v_proj(layer)  # K=V layers have none (§2.4)
-        kv_heads, e = config.kv_heads[layer], config.hidden_size
+        e = config.hidden_size
         self.eps = config.rms_norm_eps
         self.q_proj = Linear(e, config.num_heads * d)
         self.q_norm = RMSNorm(d, self.eps)
         self.o_proj = Linear(config.num_heads * d, e)
         if not self.shared:  # shared layers hold no k/v weights at all
-            self.k_proj = Linear(e, kv_heads * d)
+            self.k_proj = Linear(e, self.kv_heads * d)
             self.k_norm = RMSNorm(d, self.eps)
             if self.has_v_proj:
-                self.v_proj = Linear(e, kv_heads * d)
+                self.v_proj = Linear(e, self.kv_heads * d)
+        # Set by the loader (weights.prepare_weights), not parameters: q/k(/v) stacked into one product, and
+        # their norms' weights stacked into one table (`norm_weights`).
+        self.qkv: Product | None = None
+        self.norms: Prepared | None = None
+
+    def qkv_weights(self) -> tuple[torch.Tensor, ...]:
+        """The projections one product stacks: q, k, v rows ((H+2K)*D, E), or q, k on K=V layers."""
+        v = (self.v_proj.weight,) if self.has_v_proj else ()
+        return (self.q_proj.weight, self.k_proj.weight, *v)
+
+    def norm_weights(self) -> torch.Tensor:
+        """(H+2K, D): q_norm's weight on every query head, k_norm's on every key head, 1 on the value heads
+        (v_norm has no weight): the three norms as one. The loader's table while the weights are unchanged."""
+        sources = (self.q_norm.weight, self.k_norm.weight)
+        if self.norms is not None and self.norms.serves(sources):
+            return self.norms.value
+        h, k, d = self.num_heads, self.kv_heads, self.head_dim
+        ones = torch.ones(k, d, dtype=self.q_norm.weight.dtype, device=self.q_norm.weight.device)
+        return torch.cat([self.q_norm.weight.expand(h, d), self.k_norm.weight.expand(k, d), ones])  # (H+2K, D)
+
+    def project_qkv(self, x: torch.Tensor, inp: LayerInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, E) -> q (B, T, H, D) and k, v (B, K, T, D): projected, normed, q and k rotated; one product,
+        one norm and one rotation for all heads (each head's numbers as if done apart)."""
+        b, t, _ = x.shape
+        h, kv = self.num_heads, self.kv_heads
+        qkv = linear(x, self.qkv_weights(), self.qkv).view(b, t, -1, self.head_dim)  # (B, T, H+2K, D) or (B, T, H+K, D)
+        if not self.has_v_proj:  # K=V layers: V is the *raw* key projection, taken before k_norm (§2.4)
+            qkv = torch.cat([qkv, qkv[:, :, h:]], dim=2)  # (B, T, H+2K, D)
+        qkv = rms_norm(qkv, self.norm_weights(), self.eps)  # q_norm, k_norm and the weightless v_norm
+        qk = apply_rope(qkv[:, :, :h + kv], inp.cos, inp.sin)  # (B, T, H+K, D); V gets no RoPE
+        return qk[:, :, :h], qk[:, :, h:].transpose(1, 2), qkv[:, :, h + kv:].transpose(1, 2)
 
     def forward(
         self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, start: int | RowSlots,
@@ -170,16 +203,12 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x (B, T, E) -> (B, T, E), and this layer's K/V over positions 0..start+T-1 (0..end-1 per row)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, -1, self.head_dim)  # (B, T, H, D), head-major columns
-        q = apply_rope(self.q_norm(q), inp.cos, inp.sin)
         if self.shared:
+            q = self.q_norm(self.q_proj(x).view(b, t, -1, self.head_dim))  # (B, T, H, D), head-major columns
+            q = apply_rope(q, inp.cos, inp.sin)
             k, v = shared_kv  # (B, K, S, D) of the source layer, this forward's positions included
         else:
-            k_raw = self.k_proj(x).view(b, t, -1, self.head_dim)  # (B, T, K, D)
-            # K=V layers: V is the *raw* key projection, taken before k_norm (§2.4).
-            v_raw = self.v_proj(x).view(b, t, -1, self.head_dim) if self.has_v_proj else k_raw
-            k = apply_rope(self.k_norm(k_raw), inp.cos, inp.sin).transpose(1, 2)  # (B, K, T, D)
-            v = rms_norm(v_raw, None, self.eps).transpose(1, 2)  # weightless v_norm, no RoPE; (B, K, T, D)
+            q, k, v = self.project_qkv(x, inp)  # (B, T, H, D), (B, K, T, D) x 2
             if cache is not None:
                 k, v = cache.write(self.layer, start, k, v)  # (B, K, start+T, D) views
         s = inp.key_start  # a sliding layer past its window: older keys are not even multiplied
@@ -193,12 +222,15 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int) -> None:
         super().__init__()
+        self.width = width
         self.gate_proj = Linear(hidden, width)
         self.up_proj = Linear(hidden, width)
         self.down_proj = Linear(width, hidden)
+        self.gate_up: Product | None = None  # gate and up stacked into one product by the loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = linear(x, (self.gate_proj.weight, self.up_proj.weight), self.gate_up)  # (B, T, 2W)
+        return self.down_proj(gelu(gate_up[..., :self.width]) * gate_up[..., self.width:])
 
 
 class Router(nn.Module):
@@ -306,7 +338,8 @@ class Gemma4Model(nn.Module):
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))
             self.per_layer_model_projection = Linear(e, lp)
             self.per_layer_projection_norm = RMSNorm(config.ple_dim, config.rms_norm_eps)
-        self.head_packed: Packed | None = None  # the tied head's own packed copy (weights.pack_weights)
+        self.head_product: Product | None = None  # the tied head's own product (weights.prepare_weights)
+        self.packing: list[Choice] = []  # the loader's packing decisions, one per (shape, dtype)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp §4)."""
@@ -383,7 +416,7 @@ class Gemma4Model(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Post-norm hidden (..., E) -> softcapped logits (..., V) through the tied head, unscaled."""
-        logits = linear(hidden, self.embed_tokens.weight, self.head_packed)
+        logits = linear(hidden, self.embed_tokens.weight, self.head_product)
         if cap := self.config.final_logit_softcapping:
             logits = torch.tanh(logits / cap) * cap
         return logits

@@ -27,8 +27,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from gemma4.config import ConfigError, TextConfig, read_json, text_config_from_dict, text_fields
-from gemma4.model import Gemma4Model
-from gemma4.packing import MIN_ELEMENTS, Linear, Packed, pack, packable
+from gemma4.model import MLP, Attention, Gemma4Model
+from gemma4.packing import VERIFY_ROWS, Choice, Linear, Prepared, Product, forced, measure
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -214,44 +214,96 @@ def read_state_dict(
     return state
 
 
-def pack_weights(
-    model: nn.Module, model_dir: Path, prefix: str, head: str | None, min_elements: int = MIN_ELEMENTS,
-) -> Packed | None:
-    """Packs, in place, the weight of every `Linear` of `model` that `packable` accepts; and returns the
-    packed copy of the tied head `head` (a key of `model`), which the model keeps as its own attribute.
+def stacks(model: nn.Module) -> list[tuple[list[str], object, str]]:
+    """Every product of `model` as the loader prepares it: (the parameter keys it stacks by rows, the module that
+    holds it, the attribute). q/k/v of a layer with its own K/V and gate/up are one product; any other
+    `Linear` is its own."""
+    out, stacked = [], set()
+    for name, module in model.named_modules():
+        pre = name + "." if name else ""
+        if isinstance(module, Attention) and not module.shared:
+            keys = ["q_proj", "k_proj"] + (["v_proj"] if module.has_v_proj else [])
+            out.append(([f"{pre}{k}.weight" for k in keys], module, "qkv"))
+        elif isinstance(module, MLP):
+            keys = ["gate_proj", "up_proj"]
+            out.append(([f"{pre}{k}.weight" for k in keys], module, "gate_up"))
+        else:
+            continue
+        stacked |= {f"{pre}{k}" for k in keys}
+    out += [([name + ".weight"], m, "product") for name, m in model.named_modules()
+            if isinstance(m, Linear) and name not in stacked]
+    return out
 
-    Memory: a weight loaded as a view of the file is left unread and its packed copy is made from the
-    same tensor read through a mapping of its own, gone once packed: pages a mapping has read stay
-    resident as long as it lives, and the model's views keep theirs alive. So resident memory holds the
-    packed copy alone, not the copy and the file's pages. A weight the loader cast (a bfloat16 file run in
-    float32) is a private copy: it is packed, then replaced by the file's view in the file's dtype (unread;
-    `linear`'s plain fallback casts it per call), so again one copy stays. The tied head cannot be
-    replaced (the embedding reads its rows in the model's dtype): a cast head keeps both.
+
+@torch.no_grad()
+def prepare_weights(
+    model: nn.Module, model_dir: Path, prefix: str, head: str | None, pack: bool | None = None,
+    rows: int = VERIFY_ROWS,
+) -> tuple[Product | None, list[Choice]]:
+    """Once, after loading: every product of `model` (`stacks`) made plain or packed (gemma4/packing.py), and
+    the attention norms' stacked weights. Returns the product of the tied head `head` (a key of `model`; the
+    model keeps it as its own attribute) and the packing decisions, one per (shape, dtype).
+
+    `pack`: None times plain against packed for 1 and `rows` rows and keeps the faster (the loaders'
+    default), False never packs, True packs wherever oneDNN can (tests force both branches this way).
+
+    Memory: each product is made from its tensors read through a mapping of their own, gone once it is made:
+    pages a mapping has read stay resident as long as it lives, and the model's views keep theirs alive.
+    - Packed: the parameters stay unread views of the file, so resident memory holds the packed copy alone.
+      A weight the loader cast (a bfloat16 file run in float32) is a private copy: it is replaced by the
+      file's view in the file's dtype (unread; `linear`'s plain fallback casts it per call). The tied head
+      cannot be replaced (the embedding reads its rows in the model's dtype): a cast head keeps both.
+    - Plain and stacked: the parameters become views of the stacked rows, so again one copy is held.
+    - Plain and alone: the parameter itself is multiplied, as loaded.
     """
     index = checkpoint_index(model_dir)
     handles = {}  # file -> the mapping the replacing views keep alive
-    owners: dict[str, Linear | None] = {name + ".weight": m for name, m in model.named_modules() if isinstance(m, Linear)}
-    if head is not None:
-        owners[head] = None
-    head_packed = None
-    for key, owner in owners.items():
-        weight = model.get_parameter(key)  # one at a time: a replaced cast is freed before the next is packed
-        if not packable(weight, min_elements):
-            continue
-        file, name = index[prefix + key], prefix + key
-        stored = _read(_open(file), file, name)  # a mapping of its own: unmapped with `stored`
-        cast = stored.dtype != weight.dtype
-        packed = pack(weight, stored.to(weight.dtype))
+    choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
+    head_product = None
+    groups = stacks(model) + ([([head], None, "")] if head is not None else [])
+    for keys, owner, attribute in groups:
+        parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
+        stored = [_read(_open(index[prefix + key]), index[prefix + key], prefix + key) for key in keys]  # own mappings
+        cast = stored[0].dtype != parts[0].dtype
+        values = torch.cat([t.to(parts[0].device, parts[0].dtype) for t in stored])  # (O1 + O2 + .., I)
         del stored
+        blocked = None
+        signature = (tuple(values.shape), values.dtype)
+        if signature not in choices:
+            if pack is None:
+                choices[signature], blocked = measure(values, rows)
+            else:
+                choices[signature] = forced(values, pack)
+        if choices[signature].packed:
+            if cast and owner is not None:
+                for key in keys:  # the file's view in its own dtype, nothing read yet
+                    file = index[prefix + key]
+                    module_name, _, param = key.rpartition(".")
+                    module = model.get_submodule(module_name)
+                    setattr(module, param, nn.Parameter(_read(handles.setdefault(file, _open(file)), file, prefix + key),
+                                                        requires_grad=False))
+                parts = [model.get_parameter(key) for key in keys]
+            product = Product(tuple(parts), values, True, blocked)
+        elif len(keys) > 1:  # the parameters become views of the stack's rows
+            row = 0
+            for key, part in zip(keys, parts):
+                module_name, _, param = key.rpartition(".")
+                rows_of = part.shape[0]
+                setattr(model.get_submodule(module_name), param,
+                        nn.Parameter(values[row:row + rows_of], requires_grad=False))
+                row += rows_of
+            product = Product(tuple(model.get_parameter(key) for key in keys), values, False)
+        else:
+            product = Product((parts[0],), parts[0], False)  # as loaded: a view of the file, or the cast copy
+        del values
         if owner is None:
-            head_packed = packed
-            continue
-        if cast:
-            handle = handles.setdefault(file, _open(file))
-            owner.weight = nn.Parameter(_read(handle, file, name), requires_grad=False)  # nothing read yet
-            packed = Packed(packed.blocked, owner.weight)
-        owner.packed = packed
-    return head_packed
+            head_product = product
+        else:
+            setattr(owner, attribute, product)
+    for module in model.modules():
+        if isinstance(module, Attention) and not module.shared:
+            module.norms = Prepared((module.q_norm.weight, module.k_norm.weight), module.norm_weights())
+    return head_product, list(choices.values())
 
 
 def load_target(
@@ -278,9 +330,9 @@ def load_target(
     model.load_state_dict(state, strict=True, assign=True)
     del state  # the model holds every tensor now; a cast that packing replaces must not live on here
     model.eval().requires_grad_(False)
-    if pack:
-        model.head_packed = pack_weights(model, model_dir, prefix, "embed_tokens.weight")
+    model.head_product, model.packing = prepare_weights(model, model_dir, prefix, "embed_tokens.weight",
+                                                        None if pack else False)
     return model
 
 
-__all__ = ["CheckpointError", "ConfigError", "load_target", "pack_weights", "read_state_dict", "resolve_model_dir"]
+__all__ = ["CheckpointError", "ConfigError", "load_target", "prepare_weights", "read_state_dict", "resolve_model_dir"]
