@@ -20,9 +20,11 @@ Facts a reader must know:
   copy is kept if it takes less time over a decode row plus a verify. Cost: ~4 ms a shape for a small
   weight (each timing repeats the product up to ~0.2 ms), ~20 products for a large one (~0.1 s for
   E2B's largest float32 weight); the loader reports every decision and its cost (`Choice`).
-- A prepared product is made from some parameters and serves only while they are the same tensors,
-  unchanged (same version counter: an optimizer step or a `copy_` retires it), with autograd off and an
-  input of its dtype. Anything else takes `F.linear` on the parameters themselves: the plain fallback.
+- A prepared product is made from some parameters and serves only while they are the same tensors, with
+  autograd off and an input of its dtype. A plain product multiplies views of them (or they are views of
+  its stack), so it follows their in-place changes; a packed copy and a stacked norm weight are copies, so
+  an in-place change (an optimizer step, a `copy_`: the version counter moves) retires them. Anything else
+  takes `F.linear` on the parameters themselves: the plain fallback.
 
 Shape legend: N rows (tokens), I in features, O out features.
 """
@@ -37,7 +39,7 @@ from torch import nn
 
 VERIFY_ROWS = 5  # K + 1 for the default K = 4: the rows of a verify the packing decision is timed for
 REPS = 5  # timings of each of the four products; the minimum of each counts
-REP_BUDGET_S = 0.03  # fewer repetitions (at least 2) where one would take longer: only large weights
+REP_BUDGET_S = 0.1  # fewer repetitions (at least 3) where 4 x REPS products would take longer: large weights
 NO_KERNEL = "no oneDNN kernel for this device or dtype"
 ROWS_HINT = 8  # the row count oneDNN picks its layout for: verifies multiply 2-9 rows, a decode step 1
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -53,10 +55,16 @@ def packable(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.float32
 
 
-def unchanged(sources: tuple[torch.Tensor, ...], made_from: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> bool:
-    """Are `sources` the tensors something was made from, unchanged since, and is autograd off?"""
-    return (not torch.is_grad_enabled() and len(sources) == len(made_from)
-            and all(s is m and s._version == v for s, m, v in zip(sources, made_from, versions)))
+def unchanged(sources: tuple[torch.Tensor, ...], made_from: tuple[torch.Tensor, ...], versions: tuple[int, ...] | None
+              ) -> bool:
+    """Are `sources` the tensors something was made from (and, given their `versions` then, unchanged since),
+    with autograd off? Without versions, identity alone: a view of the sources follows their changes."""
+    if torch.is_grad_enabled() or len(sources) != len(made_from):
+        return False
+    for source, mine, version in zip(sources, made_from, versions or made_from):
+        if source is not mine or (versions is not None and source._version != version):
+            return False
+    return True
 
 
 class Prepared:
@@ -88,7 +96,9 @@ class Product:
         self.operand = (blocked if blocked is not None else block(weight)) if packed else weight.t()
 
     def serves(self, x: torch.Tensor, sources: tuple[torch.Tensor, ...]) -> bool:
-        return x.dtype == self.dtype and unchanged(sources, self.sources, self.versions)
+        # A plain operand is a view of the parameters (or they of it): it follows every in-place change. A
+        # packed copy is a copy: an in-place change retires it.
+        return x.dtype == self.dtype and unchanged(sources, self.sources, self.versions if self.packed else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., I) -> (..., O)."""
@@ -179,7 +189,7 @@ def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS
     # Repeat each product to about 0.2 ms, so that a small weight's few microseconds are above the timer's noise.
     once = _seconds(ways["plain"], xs[0], 1)
     repeat = max(1, min(64, int(2e-4 / max(once, 1e-7))))
-    reps = max(2, min(reps, int(REP_BUDGET_S / (4 * once))))  # E2B's largest weights: a few ms a product
+    reps = max(3, min(reps, int(REP_BUDGET_S / (4 * once))))  # E2B's largest weights: a few ms a product
     best = {(way, i): float("inf") for way in ways for i in range(2)}
     for rep in range(reps):
         order = [(way, i) for way in ways for i in range(2)]
