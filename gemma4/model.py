@@ -1,4 +1,5 @@
-"""The Gemma 4 text model (the *target*): norms, RoPE, attention, MLP, MoE, decoder layer, model.
+"""The Gemma 4 text model (the *target*): RoPE, masks, attention, MLP, decoder layer, model (norms in
+gemma4/norms.py, the MoE block in gemma4/moe.py).
 
 Spec: shared/spec/gemma4.md (cited as §n). Facts a reader must know:
 - RMSNorm multiplies by its weight directly (not 1 + w) and runs in fp32 (§2.1).
@@ -25,53 +26,9 @@ from torch import nn
 
 from gemma4.cache import KVCache, RowSlots
 from gemma4.config import SLIDING, RopeConfig, TextConfig
+from gemma4.moe import Experts, Router
+from gemma4.norms import RMSNorm, gelu, rms_norm
 from gemma4.packing import Choice, Linear, Prepared, Product, linear
-
-
-def wide(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the sensitive steps: fp32 for bf16 and fp32 models (§6), float64 for tests' float64 models."""
-    return torch.float64 if dtype == torch.float64 else torch.float32  # a plain branch: no dispatcher call
-
-
-@cache
-def eps_tensor(eps: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(eps, dtype=dtype, device=device)  # made once: a float operand is a new tensor per call
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """§2.1: x * (mean(x²) + eps)^-1/2 in fp32, times the weight directly (not 1 + w), cast back.
-
-    Six native ops (seven with the sum's zero fill). `F.rms_norm`, a composite on the CPU, dispatches 24,
-    x.pow(2).mean() ~10, and a decode step of a small model runs ~150 norms; mean(x²) as |x|²/n from one
-    `vector_norm` call saves two ops but moves e2b's logits 2.4e-4 from transformers' (limit 1e-4).
-    """
-    dtype = wide(x.dtype)
-    xf = x if x.dtype == dtype else x.to(dtype)
-    squares = (xf * xf).sum(dim=-1, keepdim=True)  # (..., 1)
-    inv_rms = torch.add(eps_tensor(eps, dtype, x.device), squares, alpha=1 / x.shape[-1]).rsqrt_()  # (..., 1)
-    out = xf * inv_rms  # (..., n)
-    if weight is not None:
-        out = out * (weight if weight.dtype == dtype else weight.to(dtype))  # in fp32, then one rounding
-    return out if out.dtype == x.dtype else out.to(x.dtype)
-
-
-# RMSNorm is called ~170 times per decoded token, so directly, as Linear is (gemma4/packing.py):
-# nn.Module.__call__ (hook dispatch) costs ≈ 2 µs a call. Hooks on it would not run.
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-    __call__ = forward  # no hook dispatch, see above
-
-
-def gelu(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")  # `gelu_pytorch_tanh` in config.json
 
 
 @cache
@@ -217,7 +174,7 @@ class Attention(nn.Module):
         return self.o_proj(out), (k, v)
 
 
-# ---------------------------------------------------------------- feed-forward (§2.5, §2.7)
+# ---------------------------------------------------------------- feed-forward (§2.5; MoE in gemma4/moe.py)
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int) -> None:
@@ -231,44 +188,6 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = linear(x, (self.gate_proj.weight, self.up_proj.weight), self.gate_up)  # (B, T, 2W)
         return self.down_proj(gelu(gate_up[..., :self.width]) * gate_up[..., self.width:])
-
-
-class Router(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        self.eps, self.top_k = config.rms_norm_eps, config.top_k_experts
-        self.root_size = config.hidden_size**-0.5  # a plain float multiplier (§6)
-        self.proj = Linear(config.hidden_size, config.num_experts)
-        self.scale = nn.Parameter(torch.empty(config.hidden_size))
-        self.per_expert_scale = nn.Parameter(torch.empty(config.num_experts))
-
-    def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """r (N, E) -> weights (N, k) in fp32 (at least) and expert ids (N, k)."""
-        z = rms_norm(r, None, self.eps) * self.scale * self.root_size  # weightless norm, then scale
-        prob = torch.softmax(self.proj(z), dim=-1, dtype=wide(r.dtype))  # (N, X), fp32 in a bf16 model
-        weights, experts = torch.topk(prob, self.top_k, dim=-1)  # (N, k)
-        weights = weights / weights.sum(dim=-1, keepdim=True)  # renormalise over the chosen k
-        return weights * self.per_expert_scale[experts], experts
-
-
-class Experts(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        x, i, e = config.num_experts, config.moe_intermediate_size, config.hidden_size
-        self.width = i
-        self.gate_up_proj = nn.Parameter(torch.empty(x, 2 * i, e))  # gate rows first, then up
-        self.down_proj = nn.Parameter(torch.empty(x, e, i))
-
-    def forward(self, u: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """u (N, E), weights/experts (N, k) -> (N, E): each token's weighted sum over its k experts."""
-        out = torch.zeros_like(u, dtype=weights.dtype)  # the weighted sum is fp32 (§2.7 step 5)
-        # Loop over the experts actually chosen, each taking its tokens in one matmul.
-        for expert in experts.unique().tolist():
-            token, slot = torch.where(experts == expert)  # (n,), (n,)
-            gate, up = F.linear(u[token], self.gate_up_proj[expert]).split(self.width, dim=-1)  # (n, I) each
-            y = F.linear(gelu(gate) * up, self.down_proj[expert])  # (n, E)
-            out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
-        return out.to(u.dtype)
 
 
 # ---------------------------------------------------------------- decoder layer (§2.6)

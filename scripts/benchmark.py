@@ -4,9 +4,13 @@
     python scripts/benchmark.py --only demo --tokens 64  # one section; --json prints one object instead
 
 Sections (`--only a,b`):
-- `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, and
-  `transformers`' plain and assisted `generate` with the same assistant: tokens/s, the ratios, whether
-  all four produced the same tokens, acceptance rates.
+- `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, our plain
+  decoding of the pair loaded with `pack=False`, and `transformers`' plain and assisted `generate` with the
+  same assistant: tokens/s, the ratios, whether all produced the same tokens, acceptance rates; ATen calls
+  of a decode step and of a draft step (main's before this work beside them); the loaders' packing
+  decisions, one per (shape, dtype), and what they cost the load.
+- `bench`: the same on a random mid-size pair (16 layers of width 512, MLP 2048), written once under
+  `--e2b-dir`: weights of about a million elements, where whether packing pays depends most on the CPU.
 - `e2b`: the same on a random pair at the real E2B dimensions (the vocabulary cut to 32768 so that
   float32 fits in memory; written once under `--e2b-dir`, memory-mapped by both implementations). A
   random drafter is almost never right: its speculative rows show the cost of drafting for nothing.
@@ -16,8 +20,8 @@ Sections (`--only a,b`):
 - `bandwidth`: decode tokens/s at E2B dimensions against the bound: weight bytes per decode step over the
   bandwidth of a large copy (read + written; the best of copies taken in turns with the decode steps: a
   copy slowed by a neighbour would flatter the ratio). Ours and transformers' plain generate against it
-  (bound / transformers' tokens/s: the most any float32 decoder could gain here), and `linear` on the
-  largest weight for 1, 2, 5, 9 rows, plain and packed: a verify's cost in the products alone.
+  (bound / transformers' tokens/s: the most any float32 decoder could gain here), and the largest
+  product for 1, 2, 5, 9 rows, plain and packed: a verify's cost in the products alone.
 - `bf16`: `costs` and `bandwidth` again in bfloat16, on a random pair with E2B's full 262144-token
   vocabulary (≈ 9.5 GB written once; memory-mapped, only the rows a step reads of its PLE table resident).
 - `memory`: peak resident memory of `load_target` (packing included) in a fresh process, during loading
@@ -58,7 +62,8 @@ from _transformers_baseline import load_transformers, tf_decode_step, tf_generat
 from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
 from gemma4.config import read_json  # noqa: E402
 from gemma4.model import Gemma4Model, ModelOutput  # noqa: E402
-from gemma4.packing import Linear, linear  # noqa: E402
+from gemma4.packing import Product, packable  # noqa: E402
+from gemma4.weights import stacks  # noqa: E402
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
 from mtp.speculative import target_kv  # noqa: E402
 
@@ -240,8 +245,8 @@ ROWS = (1, 2, 5, 9)  # a decode step multiplies 1 row, a verify of K drafts K + 
 def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: int,
                       plain: dict[str, float | None]) -> dict[str, Any]:
     """A decode step against `dst.copy_(src)` on `mib` MiB (bytes read + written), measured in turns;
-    and how fast `linear` streams the largest weight when it multiplies 1, 2, 5 or 9 rows, plain
-    (F.linear) and through its packed copy (if the loader made one).
+    and how fast the largest product (a stack of q/k/v or gate/up weights, or one weight) streams its weight
+    when it multiplies 1, 2, 5 or 9 rows, plain and packed (where oneDNN can), whichever the loader chose.
 
     `plain` holds the plain-generate tokens/s of the e2b section, ours and transformers': set against
     the bound, transformers' figure caps the speedup any float32 implementation can have over it here.
@@ -250,20 +255,21 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     cache, _ = prefilled(target, prompt, 1)
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
-    big = max((m for m in target.modules() if isinstance(m, Linear)), key=lambda m: m.weight.numel())
-    weight = big.weight
+    dtype = target.embed_tokens.weight.dtype
+    keys = max((keys for keys, _, _ in stacks(target)), key=lambda ks: sum(target.get_parameter(k).numel() for k in ks))
+    weight = torch.cat([target.get_parameter(k).to(dtype) for k in keys])  # (O, I), as the product multiplies it
     runs: dict[str, Callable[[], Any]] = {
         "decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, p), "copy": lambda: dst.copy_(src)}
-    ways = {"plain": None} | ({"packed": big.packed} if big.packed is not None else {})
-    x = {m: torch.ones(1, m, weight.shape[1], dtype=target.embed_tokens.weight.dtype) for m in ROWS}
-    for way, packed in ways.items():
-        runs |= {f"{way}{m}": lambda m=m, packed=packed: linear(x[m], weight, packed) for m in ROWS}
+    ways = {"plain": Product((), weight, False)} | ({"packed": Product((), weight, True)} if packable(weight) else {})
+    x = {m: torch.ones(1, m, weight.shape[1], dtype=dtype) for m in ROWS}
+    for way, product in ways.items():
+        runs |= {f"{way}{m}": lambda m=m, product=product: product(x[m]) for m in ROWS}
     s, _ = interleaved(runs, reps, warm_up=runs)
     per_token = decode_bytes(target)
     # The bound's bandwidth is the best copy: a copy that a neighbour slowed down would flatter the ratio.
     bandwidth = 2 * src.nbytes / min(s["copy"])
     bound = bandwidth / per_token
-    weight_bytes = weight.numel() * x[1].element_size()  # as multiplied (a packed copy may be in another dtype)
+    weight_bytes = weight.numel() * weight.element_size()
     out = {"dtype": str(x[1].dtype).removeprefix("torch."), "copy_bytes_per_s": bandwidth, "copy_mib": mib,
            "bytes_per_token": per_token, "bound_tokens_per_s": bound,
            "decode_step_tokens_per_s": 1 / statistics.median(s["decode"]),
