@@ -39,6 +39,7 @@ def embed_scale(dim: int, dtype: torch.dtype) -> float:
 
 # ---------------------------------------------------------------- RoPE (§2.3)
 
+@cache  # once per (RoPE, head size, device), not per forward: read-only once made
 def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> torch.Tensor:
     """(D/2,) angular frequencies. "proportional" rotates only the first n pairs, the rest get 0."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim  # (D/2,)
