@@ -16,10 +16,13 @@ Facts a reader must know:
   (2048, 512) weights 13-20% slower. Same sums in another order: ~1e-6 relative in float32.
 - So the rule is a measurement (`measure`): for each distinct (shape, dtype) of a model, the plain and
   the packed product of the real weight are timed for 1 row and for K + 1 = `VERIFY_ROWS` rows, the
-  four alternating, each best of `REPS` (minima: a neighbour's load only ever adds time), and the packed
-  copy is kept if it takes less time over a decode row plus a verify. Cost: ~4 ms a shape for a small
-  weight (each timing repeats the product up to ~0.2 ms), ~20 products for a large one (~0.1 s for
-  E2B's largest float32 weight); the loader reports every decision and its cost (`Choice`).
+  four alternating, each the best of `REPS` (minima: a neighbour's load only ever adds time), and the
+  packed copy is kept only where it is faster for both: it never slows a decode step to speed a verify
+  (on one AVX-512 CPU a (4096, 512) weight took 1.2x the plain time for 1 row and 0.6x for 5), so a
+  packed model is never slower than `pack=False` beyond the timing noise. Cost: ~10-20 ms a shape for a
+  small weight (each timing repeats the product up to ~0.2 ms), 3-5 timings of each product for a
+  large one (a few hundred ms for a (16384, 512) float32 head); the loaders report every decision and
+  its cost (`Choice`, the models' `packing`).
 - A prepared product is made from some parameters and serves only while they are the same tensors, with
   autograd off and an input of its dtype. A plain product multiplies views of them (or they are views of
   its stack), so it follows their in-place changes; a packed copy and a stacked norm weight are copies, so
@@ -196,8 +199,8 @@ def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS
         for way, i in order if rep % 2 == 0 else reversed(order):
             best[way, i] = min(best[way, i], _seconds(ways[way], xs[i], repeat))
     plain, packed = (best["plain", 0], best["plain", 1]), (best["packed", 0], best["packed", 1])
-    faster = sum(packed) < sum(plain)
-    why = f"packed {sum(packed) / sum(plain):.2f}x the plain time over 1 + {rows} rows"
+    faster = packed[0] < plain[0] and packed[1] < plain[1]
+    why = f"packed takes {packed[0] / plain[0]:.2f}x / {packed[1] / plain[1]:.2f}x the plain time for 1 / {rows} rows"
     blocked = ways["packed"].operand if faster else None
     return Choice(tuple(weight.shape), name, faster, plain, packed, time.perf_counter() - start, why), blocked
 

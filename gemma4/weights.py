@@ -244,7 +244,7 @@ def prepare_weights(
     the attention norms' stacked weights. Returns the product of the tied head `head` (a key of `model`; the
     model keeps it as its own attribute) and the packing decisions, one per (shape, dtype).
 
-    `pack`: None times plain against packed for 1 and `rows` rows and keeps the faster (the loaders'
+    `pack`: None times plain against packed for 1 and `rows` rows and packs where packed is faster for both (the loaders'
     default), False never packs, True packs wherever oneDNN can (tests force both branches this way).
 
     Memory: each product is made from its tensors read through a mapping of their own, gone once it is made:
