@@ -13,9 +13,10 @@ Facts a reader must know (spec gemma4.md §3):
   it keeps the file's dtype and stays memory-mapped; rows are cast when looked up (a cast commutes with
   a row lookup, so the numbers are the same). A bfloat16 E2B run in float32 so skips a 9.4 GB copy.
 - Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
-- On the CPU the loaders then pack every large projection and the tied head once for oneDNN
-  (gemma4/packing.py), each read through a mapping of its own so that the packed copy replaces the
-  file's pages in resident memory instead of doubling them (`pack_weights`). `pack=False` skips it.
+- The loaders then prepare every projection once (`prepare_weights`, gemma4/packing.py): q/k/v and gate/up
+  stacked, and on the CPU a packed copy where timing it on this machine says so (`pack=False`: never),
+  each read through a mapping of its own so that what is kept replaces the file's pages in resident
+  memory instead of doubling them.
 """
 
 import json
@@ -244,8 +245,8 @@ def prepare_weights(
     the attention norms' stacked weights. Returns the product of the tied head `head` (a key of `model`; the
     model keeps it as its own attribute) and the packing decisions, one per (shape, dtype).
 
-    `pack`: None times plain against packed for 1 and `rows` rows and packs where packed is faster for both (the loaders'
-    default), False never packs, True packs wherever oneDNN can (tests force both branches this way).
+    `pack`: None times plain against packed for 1 and `rows` rows and packs where packed is faster for both
+    (the loaders' default), False never packs, True packs wherever oneDNN can (tests force both branches).
 
     Memory: each product is made from its tensors read through a mapping of their own, gone once it is made:
     pages a mapping has read stay resident as long as it lives, and the model's views keep theirs alive.
@@ -309,8 +310,8 @@ def prepare_weights(
 def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", pack: bool = True,
 ) -> Gemma4Model:
-    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients; on the CPU
-    with packed weights (`pack_weights`) unless `pack=False`."""
+    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients, its products
+    prepared (`prepare_weights`): packed on the CPU where measured faster, never with `pack=False`."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")

@@ -242,8 +242,8 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
 def load_drafter(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", pack: bool = True,
 ) -> Drafter:
-    """The assistant of a local directory or Hub id, in eval mode, without gradients; on the CPU with packed
-    weights unless `pack=False` (gemma4/weights.py `pack_weights`; a centroid head gathers rows: no copy)."""
+    """The assistant of a local directory or Hub id, in eval mode, without gradients, its products prepared as
+    the target's (gemma4/weights.py `prepare_weights`; a centroid head gathers rows: it has no product)."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
