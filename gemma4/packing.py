@@ -58,14 +58,20 @@ def packable(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.float32
 
 
+def version(t: torch.Tensor) -> int:
+    """t's version counter; -1 for a tensor made under inference mode, which has none (and cannot be changed
+    in place outside it)."""
+    return -1 if t.is_inference() else t._version
+
+
 def unchanged(sources: tuple[torch.Tensor, ...], made_from: tuple[torch.Tensor, ...], versions: tuple[int, ...] | None
               ) -> bool:
     """Are `sources` the tensors something was made from (and, given their `versions` then, unchanged since),
     with autograd off? Without versions, identity alone: a view of the sources follows their changes."""
     if torch.is_grad_enabled() or len(sources) != len(made_from):
         return False
-    for source, mine, version in zip(sources, made_from, versions or made_from):
-        if source is not mine or (versions is not None and source._version != version):
+    for source, mine, made in zip(sources, made_from, versions or made_from):
+        if source is not mine or (versions is not None and version(source) != made):
             return False
     return True
 
@@ -75,7 +81,7 @@ class Prepared:
 
     def __init__(self, sources: tuple[torch.Tensor, ...], value: torch.Tensor) -> None:
         self.sources, self.value = sources, value
-        self.versions = tuple(s._version for s in sources)
+        self.versions = tuple(version(s) for s in sources)
 
     def serves(self, sources: tuple[torch.Tensor, ...]) -> bool:
         return unchanged(sources, self.sources, self.versions)
@@ -91,7 +97,7 @@ class Product:
     def __init__(self, sources: tuple[torch.Tensor, ...], weight: torch.Tensor, packed: bool,
                  blocked: torch.Tensor | None = None) -> None:
         self.sources = sources
-        self.versions = tuple(s._version for s in sources)  # bumped by every in-place change to a source
+        self.versions = tuple(version(s) for s in sources)  # bumped by every in-place change to a source
         self.shape, self.dtype, self.packed = tuple(weight.shape), weight.dtype, packed  # (O, I)
         self.out_features = weight.shape[0]
         # Packed: the opaque layout (no views, no autograd, no storage; `blocked` if one was already made).
@@ -107,7 +113,7 @@ class Product:
         """x (..., I) -> (..., O)."""
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.operand, None, "none", [], "")
-        return torch.mm(x.reshape(-1, x.shape[-1]), self.operand).view(*x.shape[:-1], self.out_features)  # (N, O)
+        return torch.matmul(x, self.operand)  # (..., I) @ (I, O): one call from Python, folded into one mm
 
     def __deepcopy__(self, memo: dict) -> "Product":
         # The opaque tensor cannot be copied (it has no storage) and need not be: it is never written. The
@@ -116,7 +122,7 @@ class Product:
         twin = object.__new__(Product)
         twin.__dict__ = {k: v if k == "operand" and self.packed else copy.deepcopy(v, memo)
                          for k, v in self.__dict__.items()}
-        twin.versions = tuple(s._version for s in twin.sources)  # the copies' own counters
+        twin.versions = tuple(version(s) for s in twin.sources)  # the copies' own counters
         return twin
 
 

@@ -248,3 +248,13 @@ def test_without_onednn_nothing_is_packed(pair: tuple[Path, Path], monkeypatch: 
     loss = target(torch.tensor([PROMPT])).logsumexp(-1).mean()
     loss.backward()
     assert target.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+def test_loading_under_inference_mode(pair: tuple[Path, Path]) -> None:
+    """Tensors made under inference mode have no version counter: the products must not ask for one."""
+    expected = greedy_generate(load_target(pair[0]), PROMPT, 8)
+    with torch.inference_mode():
+        target = load_target(pair[0])
+        attention = target.layers[0].self_attn
+        assert attention.norms.serves((attention.q_norm.weight, attention.k_norm.weight))
+    assert greedy_generate(target, PROMPT, 8) == expected
