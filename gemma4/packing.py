@@ -1,10 +1,11 @@
 """Gemma 4's projections, `Linear` and `linear`, and how the loader prepares each weight once: stacked with the
-other projections of the same input, and multiplied plain or through a packed copy, whichever measures faster.
+other projections of the same input, and multiplied plain, or through a packed copy where that measures faster.
 
 Facts a reader must know:
 - A decode step multiplies every weight by 1 row, a verify of K drafts by K + 1. A small model's step is
-  bound by the cost of each call into PyTorch (`F.linear` on a 3-d input dispatches 11 ATen operations,
-  `torch.mm` on a 2-d view 5), a large one's by streaming its weights from memory.
+  bound by the cost of each call into PyTorch, a large one's by streaming its weights from memory. A plain
+  product is one `torch.matmul` on the weight's transpose, a view taken once at load (7 ATen operations;
+  `F.linear` on a 3-d input dispatches 11, its transpose among them, on every call).
 - Stacking: projections of the same input (q/k/v of a layer that computes its own K/V; gate/up) become one
   (O1 + O2 + .., I) product, so one call and one pass over the input instead of two or three. The stacked
   weight is made once, after loading; the parameters stay the checkpoint's tensors under their own names

@@ -236,6 +236,12 @@ def stacks(model: nn.Module) -> list[tuple[list[str], object, str]]:
     return out
 
 
+def _replace(model: nn.Module, key: str, tensor: torch.Tensor) -> None:
+    """Parameter `key` of `model` becomes `tensor` (a view of the file, or of a stack), without gradients."""
+    module, _, name = key.rpartition(".")
+    setattr(model.get_submodule(module), name, nn.Parameter(tensor, requires_grad=False))
+
+
 @torch.no_grad()
 def prepare_weights(
     model: nn.Module, model_dir: Path, prefix: str, head: str | None, pack: bool | None = None,
@@ -279,20 +285,11 @@ def prepare_weights(
             if cast and owner is not None:
                 for key in keys:  # the file's view in its own dtype, nothing read yet
                     file = index[prefix + key]
-                    module_name, _, param = key.rpartition(".")
-                    module = model.get_submodule(module_name)
-                    setattr(module, param, nn.Parameter(_read(handles.setdefault(file, _open(file)), file, prefix + key),
-                                                        requires_grad=False))
-                parts = [model.get_parameter(key) for key in keys]
-            product = Product(tuple(parts), values, True, blocked)
+                    _replace(model, key, _read(handles.setdefault(file, _open(file)), file, prefix + key))
+            product = Product(tuple(model.get_parameter(key) for key in keys), values, True, blocked)
         elif len(keys) > 1:  # the parameters become views of the stack's rows
-            row = 0
-            for key, part in zip(keys, parts):
-                module_name, _, param = key.rpartition(".")
-                rows_of = part.shape[0]
-                setattr(model.get_submodule(module_name), param,
-                        nn.Parameter(values[row:row + rows_of], requires_grad=False))
-                row += rows_of
+            for key, rows_of_key in zip(keys, values.split([part.shape[0] for part in parts])):
+                _replace(model, key, rows_of_key)
             product = Product(tuple(model.get_parameter(key) for key in keys), values, False)
         else:
             product = Product((parts[0],), parts[0], False)  # as loaded: a view of the file, or the cast copy
