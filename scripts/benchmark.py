@@ -369,14 +369,15 @@ def assistant_k(assistant_dir: Path) -> int:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections, of: %(default)s")
     p.add_argument("--target", type=Path, default=DEMO / "target", help="the demo section's target")
     p.add_argument("--assistant", type=Path, default=DEMO / "assistant", help="the demo section's assistant")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per run: demo, bench, batch")
     p.add_argument("--e2b-tokens", type=int, default=16, help="new tokens per run in the e2b section")
     p.add_argument("--reps", type=int, default=7, help="timed repetitions: demo, bench, bandwidth")
     p.add_argument("--e2b-reps", type=int, default=3, help="timed repetitions: e2b, costs, bf16")
-    p.add_argument("-k", type=int, default=None, help="drafts per round; None: the assistant's, else 4")
+    p.add_argument("-k", type=int, default=None, help="drafts per round; None: the assistant's "
+                   "num_assistant_tokens, else 4")
     p.add_argument("--e2b-dir", type=Path, default=Path(tempfile.gettempdir()) / "gemma4-mtp-benchmark",
                    help="where the random E2B-dimension checkpoints are written once (≈ 9 + 4.5 + 9.5 GB)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, for every method alike")
