@@ -102,8 +102,8 @@ def table(result: dict[str, Any]) -> str:
                       f"{m['after_forward']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)"]
     lines += ["", "== goals (measured in this run; each ratio compares runs taken in turns)"]
     for g in result["goals"]:
-        sign = ">=" if g["at_least"] else "<="
-        lines.append(f"   {g['goal']:<56}goal {sign} {g['limit']:<6}  {fmt(g['value'], '.3f'):>8}")
+        sign = {True: ">= ", False: "<= "}.get(g.get("at_least"), "")  # a goal without a direction: its limit
+        lines.append(f"   {g['goal']:<56}goal {sign}{g['limit']:<6}  {fmt(g['value'], '.3f'):>8}")
     return "\n".join(lines)
 
 
