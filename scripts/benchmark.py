@@ -1,6 +1,6 @@
 """Speed and memory, measured side by side with `transformers` and against the hardware, in one run.
 
-    python scripts/benchmark.py                          # every section: a few minutes on 2 cores
+    python scripts/benchmark.py                          # every section: 8-20 minutes on 2 cores
     python scripts/benchmark.py --only demo --tokens 64  # one section; --json prints one object instead
 
 Sections (`--only a,b`):
