@@ -1,4 +1,5 @@
-"""scripts/benchmark.py's `memory` section: peak resident memory of `load_target` in a fresh process.
+"""scripts/benchmark.py's `memory` section: peak resident memory of `load_target` in a fresh process; and the
+weight bytes one decode step reads (the `bandwidth` section's bound).
 
 The weights as loaded are the reference: the E2B-dimension checkpoint in bfloat16 loaded as bfloat16
 (memory-mapped), the same file as float32 (every weight cast), and a float32 file as float32. Peaks are
@@ -17,6 +18,7 @@ sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e
 import torch  # noqa: E402
 
 from gemma4 import load_target  # noqa: E402
+from gemma4.model import Gemma4Model  # noqa: E402
 
 
 def status_mib() -> dict[str, float]:
@@ -65,3 +67,13 @@ def memory_section(model_dir: Path, dtype: str) -> dict[str, Any]:
     if out.returncode:
         raise RuntimeError(f"the memory measurement failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def decode_bytes(model: Gemma4Model) -> int:
+    """Bytes of weights one decode step reads: every parameter, the whole tied embedding (the head scores
+    every token), but of the PLE table only the token's own row."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.config.ple_dim:
+        table = model.embed_tokens_per_layer.weight  # (V, L*P)
+        total -= (table.shape[0] - 1) * table.shape[1] * table.element_size()
+    return total

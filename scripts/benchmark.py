@@ -29,6 +29,8 @@ Sections (`--only a,b`):
   float32 (every weight cast), and the float32 one as float32.
 - `batch`, `experts` (scripts/_benchmark_batch.py): the demo pair decoding B = 1, 2, 4, 8 prompts as one
   batch against the same prompts one after another; unique MoE experts per forward against uniform routing.
+- `sampling` (scripts/_benchmark_sampling.py): one sampled row at V = 4,096 and 262,144, new and old, and
+  E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every
 method once, the order reversed on every other repetition, after one untimed warm-up; tokens/s is taken
@@ -55,8 +57,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 import torch  # noqa: E402
 
 from _benchmark_batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section  # noqa: E402
-from _benchmark_memory import memory_section  # noqa: E402
+from _benchmark_memory import decode_bytes, memory_section  # noqa: E402
 from _benchmark_report import goals, table  # noqa: E402
+from _benchmark_sampling import sampling_goals, sampling_section, sampling_table  # noqa: E402
 from _random_pair import bench_configs, e2b_configs, random_prompt, text_prompt, write_pair  # noqa: E402
 from _transformers_baseline import load_transformers, tf_decode_step, tf_generate  # noqa: E402
 from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
@@ -67,7 +70,7 @@ from gemma4.weights import stacks  # noqa: E402
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
 from mtp.speculative import target_kv  # noqa: E402
 
-SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts")
+SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling")
 DEMO = REPO / "scripts" / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -228,16 +231,6 @@ def cost_section(target: Gemma4Model, drafter: Drafter, prompt: list[int], reps:
             "draft_round_over_decode": draft, "verify_over_decode": verify, "implied_speedup": implied}
 
 
-def decode_bytes(model: Gemma4Model) -> int:
-    """Bytes of weights one decode step reads: every parameter, the whole tied embedding (the head scores
-    every token), but of the PLE table only the token's own row."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.config.ple_dim:
-        table = model.embed_tokens_per_layer.weight  # (V, L*P)
-        total -= (table.shape[0] - 1) * table.shape[1] * table.element_size()
-    return total
-
-
 ROWS = (1, 2, 5, 9)  # a decode step multiplies 1 row, a verify of K drafts K + 1
 
 
@@ -292,7 +285,8 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
 # ---------------------------------------------------------------- command line
 
 def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
-         e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool) -> dict:
+         e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool,
+         sampling_vocab: int = FULL_VOCAB) -> dict:
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {threads} torch threads, "
                                          f"torch {torch.__version__}, float32 unless stated"}
@@ -356,7 +350,12 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
     if "experts" in sections:
         say("experts: unique experts per MoE layer, decode, verify and batches")
         result["experts"] = experts_section()
-    result["goals"] = goals(result) + batch_goal(result)
+    if "sampling" in sections:  # scripts/_benchmark_sampling.py
+        say(f"sampling: sampled rows, and E2B-dimension bfloat16 decoding at V = {sampling_vocab}")
+        pair_root = e2b_dir / ("bfloat16-full" if sampling_vocab == FULL_VOCAB else f"bfloat16-v{sampling_vocab}")
+        result["sampling"] = sampling_section(pair_root, e2b_configs(sampling_vocab), e2b_tokens, e2b_reps, reps,
+                                              interleaved)
+    result["goals"] = goals(result) + batch_goal(result) + sampling_goals(result)
     return result
 
 
@@ -384,11 +383,13 @@ if __name__ == "__main__":
     p.add_argument("--copy-mib", type=int, default=1024, help="size of the bandwidth probe")
     p.add_argument("--no-transformers", action="store_true", help="leave the transformers columns empty")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--sampling-vocab", type=int, default=FULL_VOCAB,
+                   help="the sampling section's E2B pair's vocabulary (writing the full one takes ≈ 20 GB of memory)")
     a = p.parse_args()
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
     out = main(only, a.target, a.assistant, a.tokens, a.e2b_tokens, a.reps, a.e2b_reps, a.k, a.e2b_dir, a.threads,
-               a.copy_mib, not a.no_transformers)
-    print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out))
+               a.copy_mib, not a.no_transformers, a.sampling_vocab)
+    print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out))

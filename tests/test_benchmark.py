@@ -87,7 +87,8 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
     assert result["memory_float32"]["text_weights_mib"] < result["memory_float32_file"]["text_weights_mib"]
     goals = {g["goal"]: g for g in result["goals"]}
     assert goals["demo: identical tokens (1 = yes)"]["met"] is True
-    assert all(set(g) == {"goal", "value", "limit", "at_least", "met"} for g in goals.values())
+    assert all({"goal", "value", "limit", "met"} <= set(g) for g in goals.values())
+    assert all("at_least" in g for name, g in goals.items() if name.startswith(("demo:", "bench:", "e2b")))
     assert {"e2b bf16: decode / memory-bandwidth bound", "e2b: implied speedup at acceptance 0.7, best K",
             "first-forward peak / weights as loaded (bf16)", "demo: ATen calls per decode step of the target",
             "bench: plain decode, packed / pack=False", "demo: plain decode, packed / pack=False"} <= set(goals)
