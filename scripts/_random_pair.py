@@ -1,7 +1,7 @@
 """Random Gemma 4 target/assistant pairs of any size, written in the official layout, tensor by tensor.
 
-The benchmark needs a pair at the real E2B dimensions (spec gemma4.md §4, mtp.md §1) without
-downloading Google's weights. Nothing here knows a tensor name: the names and shapes come from the
+The benchmark needs a pair at the real E2B dimensions (spec gemma4.md §4, mtp.md §1), and a mid-size one,
+without downloading Google's weights. Nothing here knows a tensor name: the names and shapes come from the
 loaders' own tables (`target_weight_table`, `drafter_weight_table`), so the files are exactly what
 `load_target` / `load_drafter` and `transformers` read.
 
@@ -42,6 +42,15 @@ def e2b_configs(vocab: int) -> tuple[dict[str, Any], dict[str, Any]]:
     target = target_config(vocab, layers=35, hidden=1536, intermediate=6144, heads=8, kv_heads=1,
                            head_dim=256, window=512, shared=20, ple_dim=256, double_wide=True)
     assistant = assistant_config(target, hidden=256, intermediate=2048, heads=4, num_centroids=2048, top_k=32)
+    return target, assistant
+
+
+def bench_configs() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A mid-size pair (16 layers of width 512, MLP 2048, the last 4 KV-shared, no PLE): weights of about 1M
+    elements, where whether packing pays depends most on the CPU."""
+    target = target_config(16384, layers=16, hidden=512, intermediate=2048, heads=8, kv_heads=2, head_dim=64,
+                           window=256, shared=4, ple_dim=0, double_wide=False)
+    assistant = assistant_config(target, hidden=256, intermediate=1024, heads=4, num_centroids=128, top_k=8)
     return target, assistant
 
 
