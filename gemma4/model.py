@@ -1,16 +1,16 @@
 """The Gemma 4 text model (the *target*): RoPE, masks, attention, MLP, decoder layer, model (norms in
 gemma4/norms.py, the MoE block in gemma4/moe.py).
 
-Spec: shared/spec/gemma4.md (cited as §n). Facts a reader must know:
-- RMSNorm multiplies by its weight directly (not 1 + w) and runs in fp32 (§2.1).
-- Attention scale is 1.0: q_norm and k_norm already normalise the dot product (§2.4).
-- Sliding and full layers differ in head size, kv heads, RoPE and mask (§1.3, §2.3, §2.8).
+Design: gemma4/README.md (cited as §n). Facts a reader must know:
+- RMSNorm multiplies by its weight directly (not 1 + w) and runs in fp32 (§4).
+- Attention scale is 1.0: q_norm and k_norm already normalise the dot product (§7).
+- Sliding and full layers differ in head size, kv heads, RoPE and mask (§2, §6, §8).
 - KV-shared layers own no K/V: they attend to the K/V of the last non-shared layer of their type,
-  computed earlier in the same forward (§1.4). The forward returns those two layers' K/V, which is
+  computed earlier in the same forward (§3). The forward returns those two layers' K/V, which is
   exactly what the MTP drafter reads.
-- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§2.9); the MoE block
-  (26B-A4B) runs beside the dense MLP, not instead of it (§2.7).
-- A batch of rows may sit at different positions (mtp §11b): `start_pos` is then a (B,) tensor, and
+- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block
+  (26B-A4B) runs beside the dense MLP, not instead of it (§10).
+- A batch of rows may sit at different positions (mtp/README.md §12): `start_pos` is then a (B,) tensor, and
   RoPE, masks and cache writes are per row. Batch 1 keeps its plain int path.
 
 Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim,
@@ -33,11 +33,11 @@ from gemma4.packing import Choice, Linear, Prepared, Product, linear
 
 @cache
 def embed_scale(dim: int, dtype: torch.dtype) -> float:
-    """sqrt(dim) rounded to the weight dtype first (§2.2): 39.25, not 39.19, for E2B in bf16."""
+    """sqrt(dim) rounded to the weight dtype first (§5): 39.25, not 39.19, for E2B in bf16."""
     return float(torch.tensor(dim**0.5, dtype=dtype))
 
 
-# ---------------------------------------------------------------- RoPE (§2.3)
+# ---------------------------------------------------------------- RoPE (§6)
 
 @cache  # once per (RoPE, head size, device), not per forward: read-only once made
 def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> torch.Tensor:
@@ -67,7 +67,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, H, D) * ((B,) T, 1, D)
 
 
-# ---------------------------------------------------------------- masks (§2.8)
+# ---------------------------------------------------------------- masks (§8)
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """q_pos (T,), k_pos (S,) -> (T, S) bool, True = visible: key j to query p iff j <= p (and
@@ -103,7 +103,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
 
 
-# ---------------------------------------------------------------- attention (§2.4)
+# ---------------------------------------------------------------- attention (§7)
 
 class Attention(nn.Module):
     def __init__(self, config: TextConfig, layer: int) -> None:
@@ -112,7 +112,7 @@ class Attention(nn.Module):
         self.head_dim = d = config.head_dims[layer]
         self.num_heads, self.kv_heads = config.num_heads, config.kv_heads[layer]
         self.shared = config.is_shared(layer)
-        self.has_v_proj = not self.shared and config.has_v_proj(layer)  # K=V layers have none (§2.4)
+        self.has_v_proj = not self.shared and config.has_v_proj(layer)  # K=V layers have none (§7)
         e = config.hidden_size
         self.eps = config.rms_norm_eps
         self.q_proj = Linear(e, config.num_heads * d)
@@ -149,7 +149,7 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         h, kv = self.num_heads, self.kv_heads
         qkv = linear(x, self.qkv_weights(), self.qkv).view(b, t, -1, self.head_dim)  # (B, T, H+2K, D) or (B, T, H+K, D)
-        if not self.has_v_proj:  # K=V layers: V is the *raw* key projection, taken before k_norm (§2.4)
+        if not self.has_v_proj:  # K=V layers: V is the *raw* key projection, taken before k_norm (§7)
             qkv = torch.cat([qkv, qkv[:, :, h:]], dim=2)  # (B, T, H+2K, D)
         qkv = rms_norm(qkv, self.norm_weights(), self.eps)  # q_norm, k_norm and the weightless v_norm
         qk = apply_rope(qkv[:, :, :h + kv], inp.cos, inp.sin)  # (B, T, H+K, D); V gets no RoPE
@@ -175,7 +175,7 @@ class Attention(nn.Module):
         return self.o_proj(out), (k, v)
 
 
-# ---------------------------------------------------------------- feed-forward (§2.5; MoE in gemma4/moe.py)
+# ---------------------------------------------------------------- feed-forward (§9; MoE in gemma4/moe.py)
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int) -> None:
@@ -191,7 +191,7 @@ class MLP(nn.Module):
         return self.down_proj(gelu(gate_up[..., :self.width]) * gate_up[..., self.width:])
 
 
-# ---------------------------------------------------------------- decoder layer (§2.6)
+# ---------------------------------------------------------------- decoder layer (§11)
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: TextConfig, layer: int) -> None:
@@ -262,12 +262,12 @@ class Gemma4Model(nn.Module):
         self.packing: list[Choice] = []  # the loader's packing decisions, one per (shape, dtype)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp §4)."""
+        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp/README.md §4)."""
         w = self.embed_tokens.weight
         return F.embedding(ids, w) * embed_scale(self.config.hidden_size, w.dtype)
 
     def per_layer_inputs(self, ids: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        """§2.9: ids (B, T), scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
+        """§12: ids (B, T), scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
         c = self.config
         # The table may be in the file's dtype (weights.py keeps it memory-mapped): cast the rows read.
         rows = F.embedding(ids, self.embed_tokens_per_layer.weight).to(x0.dtype)  # (B, T, L*P)

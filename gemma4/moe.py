@@ -22,7 +22,7 @@ class Router(nn.Module):
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         self.eps, self.top_k = config.rms_norm_eps, config.top_k_experts
-        self.root_size = config.hidden_size**-0.5  # a plain float multiplier (§6)
+        self.root_size = config.hidden_size**-0.5  # a plain float multiplier (gemma4/README.md §14)
         self.proj = Linear(config.hidden_size, config.num_experts)
         self.scale = nn.Parameter(torch.empty(config.hidden_size))
         self.per_expert_scale = nn.Parameter(torch.empty(config.num_experts))
@@ -46,7 +46,7 @@ class Experts(nn.Module):
 
     def forward(self, u: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """u (N, E), weights/experts (N, k) -> (N, E): each token's weighted sum over its k experts."""
-        out = torch.zeros_like(u, dtype=weights.dtype)  # the weighted sum is fp32 (§2.7 step 5)
+        out = torch.zeros_like(u, dtype=weights.dtype)  # the weighted sum is fp32 (gemma4/README.md §10 step 5)
         # Loop over the experts actually chosen, each taking its tokens in one matmul.
         for expert in experts.unique().tolist():
             token, slot = torch.where(experts == expert)  # (n,), (n,)

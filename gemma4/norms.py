@@ -15,7 +15,7 @@ from torch import nn
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the sensitive steps: fp32 for bf16 and fp32 models (§6), float64 for tests' float64 models."""
+    """The dtype of the sensitive steps: fp32 for bf16 and fp32 models (gemma4/README.md §14), float64 for tests' float64 models."""
     return torch.float64 if dtype == torch.float64 else torch.float32  # a plain branch: no dispatcher call
 
 
@@ -25,7 +25,7 @@ def eps_tensor(eps: float, dtype: torch.dtype, device: torch.device) -> torch.Te
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """§2.1: x * (mean(x²) + eps)^-1/2 in fp32, times the weight directly (not 1 + w), cast back.
+    """gemma4/README.md §4: x * (mean(x²) + eps)^-1/2 in fp32, times the weight directly (not 1 + w), cast back.
 
     Seven ATen calls; a demo decode step runs ~150 norms. Measured against the alternatives (torch 2.13, CPU):
     `F.rms_norm` gives the same logits (within 7.3e-5 of transformers') but is a composite of 24 calls here:

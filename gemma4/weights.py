@@ -1,6 +1,6 @@
 """Loading the official safetensors checkpoints: one explicit name table and a streaming loader.
 
-Facts a reader must know (spec gemma4.md §3):
+Facts a reader must know (gemma4/README.md §17):
 - Official targets are multimodal files: text tensors start with `model.language_model.`, and the
   vision/audio towers beside them are never read. A bare text file uses the prefix `model.`.
 - A checkpoint is one `model.safetensors` or shards listed in `model.safetensors.index.json`.

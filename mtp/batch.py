@@ -1,7 +1,7 @@
-"""The speculative loop over a batch of prompts: every row is its own run (spec mtp.md §7, §11b).
+"""The speculative loop over a batch of prompts: every row is its own run (mtp/README.md §7, §12).
 
 The batch-1 loop in mtp/speculative.py stays the textbook; this is the same loop over B rows beside
-it, its numbered steps the spec's, and the tests hold every row against the solo run.
+it, its numbered steps those of §7, and the tests hold every row against the solo run.
 Per-row state: the committed sequence (so t_b), the hidden h[t_b-1], a draft length and statistics;
 the cache holds a (B,) length, one per row. Facts a reader must know:
 - Row b drafts at its own position t_b over its own keys 0..t_b-1, verifies at t_b..t_b+K_b and rolls

@@ -1,6 +1,6 @@
 """The Gemma 4 MTP drafter ("assistant"): its config, model, centroid head and loader.
 
-Spec: shared/spec/mtp.md (cited as §n). Facts a reader must know:
+Design: mtp/README.md (cited as §n). Facts a reader must know:
 - The drafter has no K/V of its own: each of its 4 layers (3 sliding, 1 full) attends to the K/V the
   target already computed in its last non-shared layer of the same type (§3). It writes nothing.
 - Its input is concat(the *target's* scaled embedding of a token, a target-sized hidden state),

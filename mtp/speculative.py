@@ -1,6 +1,6 @@
 """The speculative decoding loop (greedy and sampling), its statistics and its draft-length schedules.
 
-Spec: shared/spec/mtp.md §7-§8, §11. The numbered steps below are the spec's.
+Design: mtp/README.md §7-§8, §11. The numbered steps below are those of §7.
 Invariant at the start of every round: the target cache holds valid K/V for positions 0..t-1 (every
 committed token except the newest, at t), and the loop holds h[t-1], the target's post-norm hidden
 at t-1. Anything stored at positions >= t is stale and is overwritten by later writes.

@@ -1,4 +1,4 @@
-"""scripts/generate.py with several prompts: one batch, every row its own run (mtp.md §11b).
+"""scripts/generate.py with several prompts: one batch, every row its own run (mtp/README.md §12).
 
 - `--prompt` and `--prompt-ids` may be given several times, one row each, and `--prompts-file FILE`
   (`-`: stdin) adds text prompts: one per line, or the blocks between lines holding only `---`, which

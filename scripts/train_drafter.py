@@ -4,7 +4,7 @@
     python scripts/train_drafter.py --target DIR --out DIR --corpus TEXTS --hidden 256 --intermediate 2048 \\
         --device cuda --target-dtype bfloat16           # a real Gemma 4 (or a fine-tune) on a GPU
 
-What the drafter learns (spec mtp.md §4): from (the target's scaled embedding of a token, a hidden state)
+What the drafter learns (mtp/README.md §4): from (the target's scaled embedding of a token, a hidden state)
 and the target's shared K/V, the target's own greedy continuation. Training runs exactly the inference
 computation (`Drafter.step`), for every position of a sequence at once and unrolled over several draft
 steps, so the drafter trains on the inputs it will see:
@@ -20,7 +20,7 @@ always holds; in the corpus part it holds where the target predicted the text.
 
 Heads. The dense head `model.embed_tokens` [V, D] starts from the target's embedding (its principal
 components, so a rotation of it when D equals the target's width) and is trained with a full softmax.
-The centroid head (`use_ordered_embeddings`, spec §6) is built from the target's embedding: the token
+The centroid head (`use_ordered_embeddings`, mtp/README.md §6) is built from the target's embedding: the token
 ordering is a balanced clustering of the target's embedding rows (recursive bisection along principal
 directions: exactly V/C tokens per cluster), and the centroids are trained beside the drafter as a
 classifier of the cluster that holds the label, on the drafter's state with gradients stopped, so they

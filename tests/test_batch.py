@@ -1,4 +1,4 @@
-"""Batches: every row of a batch is exactly its own solo run (spec mtp.md §11b), float32, token lists `==`.
+"""Batches: every row of a batch is exactly its own solo run (mtp/README.md §12), float32, token lists `==`.
 
 Over the three tiny shapes, ragged prompts below, at and far above the sliding window (8; the
 drafter's is 6), K in {1, 2, 4, 7}, a duplicate prompt, permuted rows, a batch of one, and:

@@ -307,7 +307,7 @@ def test_bad_drafting_is_refused(models) -> None:  # noqa: ANN001
 
 
 def test_sample_drafting_gives_the_centroid_filler_probability_zero(models) -> None:  # noqa: ANN001
-    """The centroid head scores only its candidates; for sampling the rest must get exactly 0 (§11),
+    """The centroid head scores only its candidates; for sampling the rest must get exactly 0 (mtp/README.md §11),
     not transformers' min - 1 filler, which gives every other token a small probability."""
     target, drafter = models["e2b", "echo"]  # E2B-like: centroid head, 16 centroids, top 4 -> 128 candidates
     p = prompt("long")

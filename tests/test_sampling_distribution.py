@@ -5,7 +5,7 @@ d_1, d_2 and, when both are kept, draws the bonus from the last row) is compared
 target law, enumerated on a tiny model: with top-k 3 every position has 3 possible tokens, and the
 81 sequences' probabilities are products of warped target rows (a cache-free forward per prefix).
 N runs with seeds 0..N-1 give the observed counts; Pearson's χ² over the cells, those with an
-expected count below 5 merged into one, passes iff χ² < df + 10·sqrt(2·df) (mtp.md §11).
+expected count below 5 merged into one, passes iff χ² < df + 10·sqrt(2·df) (mtp/README.md §11).
 
 Each mode also runs deliberately wrong acceptance rules (monkeypatched into mtp.speculative) and
 asserts that they fail, so the test is known to detect what it is for:
