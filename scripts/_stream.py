@@ -10,6 +10,8 @@ sink, and plain elsewhere.
 """
 
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -101,3 +103,15 @@ class Stream:
         for sink in self.sinks:
             sink.file.write("\n")
             sink.file.flush()
+
+
+def text_sinks(show_drafts: bool, json_output: bool, say: Callable[[str], None]) -> list[Sink]:
+    """Where the streamed text goes. On a terminal the marked text is the text; otherwise stdout gets it
+    plain and stderr the marked copy. With --show-drafts, `say` gets the legend of the marks."""
+    sinks = [] if json_output else [Sink(sys.stdout, show_drafts and sys.stdout.isatty(), colour_on(sys.stdout))]
+    if show_drafts and not sys.stdout.isatty():
+        sinks.append(Sink(sys.stderr, True, colour_on(sys.stderr)))
+    if show_drafts:
+        style = "green" if any(s.mark and s.colour for s in sinks) else "⟦between these⟧"
+        say(f"{style}: proposed by the drafter and accepted; the rest the target supplied")
+    return sinks

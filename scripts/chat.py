@@ -35,12 +35,12 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     import torch  # noqa: E402
 
     from _options import (  # noqa: E402
-        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, Assistant, ModelFlags, Parser, Target,
-        UsageError, add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse,
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
+        UsageError, add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
         sampling_line,
     )
     from _report import stats_json, stats_text  # noqa: E402
-    from _stream import Sink, Stream, colour_on  # noqa: E402
+    from _stream import Sink, Stream, text_sinks  # noqa: E402
     from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer  # noqa: E402
     from mtp import ContextFull, Conversation, Reply  # noqa: E402
 
@@ -204,14 +204,7 @@ def main(a: ModelFlags, system: str | None, think: bool, json_output: bool, sour
     prompt = not json_output and source.isatty()
     if prompt:
         say(HELP)
-    # As generate.py: on a terminal the marked text is the text; otherwise stdout gets it plain and
-    # stderr the marked copy.
-    sinks = [] if json_output else [Sink(sys.stdout, a.show_drafts and sys.stdout.isatty(), colour_on(sys.stdout))]
-    if a.show_drafts and not sys.stdout.isatty():
-        sinks.append(Sink(sys.stderr, True, colour_on(sys.stderr)))
-    if a.show_drafts:
-        style = "green" if any(s.mark and s.colour for s in sinks) else "⟦between these⟧"
-        say(f"{style}: proposed by the drafter and accepted; the rest the target supplied")
+    sinks = text_sinks(a.show_drafts, json_output, say)
     say("")
 
     conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think, target.stops)
@@ -273,18 +266,8 @@ def parser() -> Parser:
 
 def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target: Path = DEMO_TARGET) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return main(ModelFlags.parsed(args), args.system, args.think, args.json_output,
-                    sys.stdin if source is None else source, demo_target)
-    except KeyboardInterrupt:  # while loading
-        print("\ninterrupted", file=sys.stderr)
-        return INTERRUPTED
-    except torch.OutOfMemoryError:
-        print("error: out of memory: try --dtype bfloat16, a smaller model, or another --device", file=sys.stderr)
-        return USAGE_ERROR
-    except (ValueError, OSError) as e:  # UsageError, and the library's CheckpointError / ConfigError
-        print(one_line(e), file=sys.stderr)
-        return USAGE_ERROR
+    return guarded(lambda: main(ModelFlags.parsed(args), args.system, args.think, args.json_output,
+                                sys.stdin if source is None else source, demo_target))
 
 
 if __name__ == "__main__":

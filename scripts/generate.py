@@ -30,11 +30,12 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
 
     from _batch import run_batch, split_prompts  # noqa: E402
     from _options import (  # noqa: E402
-        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, ModelFlags, Parser, UsageError,
-        add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse, sampling_line,
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
+        add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
+        sampling_line,
     )
     from _report import stats_json, stats_text  # noqa: E402
-    from _stream import Sink, Stream, colour_on  # noqa: E402
+    from _stream import Stream, text_sinks  # noqa: E402
     from gemma4.generate import check_prompt, sample_generate  # noqa: E402
     from mtp import speculative_generate  # noqa: E402
 
@@ -117,13 +118,9 @@ def main(a: ModelFlags, prompt: str | None, prompt_ids: list[int] | None, raw: b
         say(totals)
         return 0
 
-    # On a terminal the marked text is the text; otherwise stdout gets it plain and stderr the marked copy.
-    sinks = [] if json_output else [Sink(sys.stdout, a.show_drafts and sys.stdout.isatty(), colour_on(sys.stdout))]
-    if a.show_drafts and not sys.stdout.isatty():
-        sinks.append(Sink(sys.stderr, True, colour_on(sys.stderr)))
+    sinks = text_sinks(a.show_drafts, json_output, say)
     if a.show_drafts:
-        style = "green" if any(s.mark and s.colour for s in sinks) else "⟦between these⟧"
-        say(f"{style}: proposed by the drafter and accepted; the rest the target supplied\n")
+        say("")
 
     # One tiny forward first, so one-time start-up costs are not timed (nor charged to either side of --compare).
     with torch.inference_mode():
@@ -221,19 +218,12 @@ def parser() -> Parser:
 
 def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def run() -> int:
         prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file)
         return main(ModelFlags.parsed(args), prompt, prompt_ids, args.raw, args.compare, args.json_output, batch,
                     demo_target)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return INTERRUPTED
-    except torch.OutOfMemoryError:
-        print("error: out of memory: try --dtype bfloat16, a smaller model, or another --device", file=sys.stderr)
-        return USAGE_ERROR
-    except (ValueError, OSError) as e:  # UsageError, and the library's CheckpointError / ConfigError
-        print(one_line(e), file=sys.stderr)
-        return USAGE_ERROR
+    return guarded(run)
 
 
 if __name__ == "__main__":
