@@ -18,12 +18,22 @@ Facts a reader must know:
 - So the rule is a measurement (`measure`): for each distinct (shape, dtype) of a model, the plain and
   the packed product of the real weight are timed for 1 row and for K + 1 = `VERIFY_ROWS` rows, the
   four alternating, each the best of `REPS` (minima: a neighbour's load only ever adds time), and the
-  packed copy is kept only where it is faster for both: it never slows a decode step to speed a verify
-  (on one AVX-512 CPU a (4096, 512) weight took 1.2x the plain time for 1 row and 0.6x for 5), so a
-  packed model is never slower than `pack=False` beyond the timing noise. Cost: ~10-20 ms a shape for a
-  small weight (each timing repeats the product up to ~0.2 ms), 3-5 timings of each product for a
-  large one (a few hundred ms for a (16384, 512) float32 head); the loaders report every decision and
-  its cost (`Choice`, the models' `packing`).
+  packed copy is kept only where it is faster for every row count the model will multiply: for both by
+  default, so a packed model is never slower than `pack=False` beyond the timing noise; for the K + 1
+  rows alone where the caller says the model only verifies (`decodes=False`: the target of a
+  speculative run multiplies K + 1 rows a round and never 1). Cost: ~10-20 ms a shape for a small
+  weight (each timing repeats the product up to ~0.2 ms), 3-5 timings of each product for a large one
+  (a few hundred ms for a (16384, 512) float32 head); the loaders report every decision and its cost
+  (`Choice`, the models' `packing`).
+- Why no single rule serves both uses: on one AVX-512 CPU (1 thread) MKL's plain product streams a
+  weight for 1-3 rows (a matrix-vector kernel) but takes ~2x that time for 4-9 rows, from a (512, 2048)
+  weight to E2B's (24576, 1536) (10.1 / 21.9 ms for 1 / 5 rows); no other plain layout or kernel
+  (`F.linear`, the transpose stored contiguous, split outputs or inputs, oneDNN or MKL on an unpacked
+  or MKL-packed weight) gets 5 rows under ~1.9x of 1 row on a weight too large for the caches. Packed,
+  5 rows cost 1.0-1.2x of 1 row, but 1 row costs 1.1-1.3x the plain time at every size (oneDNN's
+  per-call cost, and a layout that streams less well for one row): the same trade on a bench-size
+  (4096, 512) weight as on E2B's, so a rule on these timings alone packs both models or neither.
+  Keeping both layouts would double the weights' memory, hence the caller's `decodes`.
 - A prepared product is made from some parameters and serves only while they are the same tensors, with
   autograd off and an input of its dtype. A plain product multiplies views of them (or they are views of
   its stack), so it follows their in-place changes; a packed copy and a stacked norm weight are copies, so
@@ -182,10 +192,11 @@ def _seconds(product: Product, x: torch.Tensor, repeat: int) -> float:
 
 
 @torch.inference_mode()
-def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS
+def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS, decodes: bool = True
             ) -> tuple[Choice, torch.Tensor | None]:
     """Plain against packed on this weight (O, I) for 1 and `rows` rows, interleaved, best of `reps` each (fewer
-    for a weight whose product takes milliseconds). Returns the decision and the packed layout it timed."""
+    for a weight whose product takes milliseconds): packed where faster for `rows` rows and, if the model
+    `decodes` (takes 1-row steps), for 1 row too. Returns the decision and the packed layout it timed."""
     start = time.perf_counter()
     name = str(weight.dtype).removeprefix("torch.")
     if not packable(weight):
@@ -206,7 +217,7 @@ def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS
         for way, i in order if rep % 2 == 0 else reversed(order):
             best[way, i] = min(best[way, i], _seconds(ways[way], xs[i], repeat))
     plain, packed = (best["plain", 0], best["plain", 1]), (best["packed", 0], best["packed", 1])
-    faster = packed[0] < plain[0] and packed[1] < plain[1]
+    faster = packed[1] < plain[1] and (packed[0] < plain[0] or not decodes)
     why = f"packed takes {packed[0] / plain[0]:.2f}x / {packed[1] / plain[1]:.2f}x the plain time for 1 / {rows} rows"
     blocked = ways["packed"].operand if faster else None
     return Choice(tuple(weight.shape), name, faster, plain, packed, time.perf_counter() - start, why), blocked
