@@ -291,9 +291,10 @@ def prepare_weights(
         elif len(keys) > 1:  # the parameters become views of the stack's rows
             for key, rows_of_key in zip(keys, values.split([part.shape[0] for part in parts])):
                 _replace(model, key, rows_of_key)
-            product = Product(tuple(model.get_parameter(key) for key in keys), values, False)
-        else:
-            product = Product((parts[0],), parts[0], False)  # as loaded: a view of the file, or the cast copy
+            product = Product(tuple(model.get_parameter(key) for key in keys), values, False, None,
+                              choices[signature].onednn_rows)
+        else:  # as loaded: a view of the file, or the cast copy
+            product = Product((parts[0],), parts[0], False, None, choices[signature].onednn_rows)
         del values
         if owner is None:
             head_product = product
