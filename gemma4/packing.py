@@ -16,14 +16,29 @@ Facts a reader must know:
   a (12288, 1536) float32 weight at ~22 GB/s against ~14 for 1 row, on an AVX-512 one it made mid-size
   (2048, 512) weights 13-20% slower. Same sums in another order: ~1e-6 relative in float32.
 - So the rule is a measurement (`measure`): for each distinct (shape, dtype) of a model, the plain and
-  the packed product of the real weight are timed for 1 row and for K + 1 = `VERIFY_ROWS` rows, the
-  four alternating, each the best of `REPS` (minima: a neighbour's load only ever adds time), and the
-  packed copy is kept only where it is faster for both: it never slows a decode step to speed a verify
-  (on one AVX-512 CPU a (4096, 512) weight took 1.2x the plain time for 1 row and 0.6x for 5), so a
-  packed model is never slower than `pack=False` beyond the timing noise. Cost: ~10-20 ms a shape for a
-  small weight (each timing repeats the product up to ~0.2 ms), 3-5 timings of each product for a
-  large one (a few hundred ms for a (16384, 512) float32 head); the loaders report every decision and
-  its cost (`Choice`, the models' `packing`).
+  the packed product of the real weight are timed for 1 row and for K + 1 = `VERIFY_ROWS` rows, and
+  oneDNN's product on the unpacked weight for K + 1 rows (below), the five alternating, each the best
+  of `REPS` (minima: a neighbour's load only ever adds time). The packed copy is kept only where it is
+  faster than the better plain kernel for every row count the model will multiply: for both by
+  default, so a packed model is never slower than `pack=False` beyond the timing noise; for the K + 1
+  rows alone where the caller says the model only verifies (`decodes=False`: the target of a
+  speculative run multiplies K + 1 rows a round, never 1). Cost: ~10-20 ms a shape for a small weight
+  (each timing repeats the product up to ~0.2 ms), 3-5 timings of each product for a large one (~1 s
+  for E2B's (32768, 1536) float32 head); the loaders report every decision and its cost (`Choice`,
+  the models' `packing`).
+- Two kernels on one plain weight: MKL (`torch.matmul`) multiplies 1-3 rows as matrix-vector products,
+  at the rate the weight streams from memory, but takes ~2x that time for 4-5 rows and ~3x for 9, at
+  every size (on one AVX-512 CPU, 1 thread: E2B's (24576, 1536) 10.1 / 11.2 / 21.8 / 33.6 ms for 1 / 3 /
+  5 / 9 rows). oneDNN's product on the same unpacked weight (`_linear_pointwise` with a plain tensor:
+  no copy, no cache) takes 14.6 / 17.2 ms for 5 / 9 rows there (packed: 13.4 / 15.6), though no less
+  than MKL's on weights the caches hold. So a plain product sends inputs of at least K + 1 rows to
+  oneDNN where that measured faster (`Product.onednn_rows`) and keeps MKL below: the decode step is
+  untouched. No other plain layout tried came under ~1.9x of 1 row for 5 (`F.linear`, the transpose
+  stored contiguous, outputs or inputs split into chunks, MKL's own packed weight).
+- Packed, 5 rows cost 1.0-1.2x of 1 row, but 1 row costs 1.1-1.3x the plain time at every size
+  (oneDNN's per-call cost, and a layout that streams less well for one row): the same trade on a
+  bench-size (4096, 512) weight as on E2B's, so a rule on these timings alone packs both models or
+  neither, and keeping both layouts would double the weights' memory: hence the caller's `decodes`.
 - A prepared product is made from some parameters and serves only while they are the same tensors, with
   autograd off and an input of its dtype. A plain product multiplies views of them (or they are views of
   its stack), so it follows their in-place changes; a packed copy and a stacked norm weight are copies, so
@@ -93,14 +108,19 @@ class Prepared:
 
 class Product:
     """One weight (O, I), or several stacked by rows, prepared once for inference: plain (its transpose, a view)
-    or packed (oneDNN's opaque copy). Serves while its `sources` are the same tensors, unchanged."""
+    or packed (oneDNN's opaque copy). Serves while its `sources` are the same tensors, unchanged.
+
+    `onednn_rows` (plain only; 0: never): inputs of at least that many rows go to oneDNN's product on the
+    same unpacked weight, where `measure` found it faster than `torch.matmul` for that many (K + 1); fewer
+    rows stay with `torch.matmul` (MKL multiplies 1-3 rows as matrix-vector products, at streaming speed)."""
 
     def __init__(self, sources: tuple[torch.Tensor, ...], weight: torch.Tensor, packed: bool,
-                 blocked: torch.Tensor | None = None) -> None:
+                 blocked: torch.Tensor | None = None, onednn_rows: int = 0) -> None:
         self.sources = sources
         self.versions = tuple(version(s) for s in sources)  # bumped by every in-place change to a source
         self.shape, self.dtype, self.packed = tuple(weight.shape), weight.dtype, packed  # (O, I)
         self.out_features = weight.shape[0]
+        self.onednn_rows = 0 if packed else onednn_rows
         # Packed: the opaque layout (no views, no autograd, no storage; `blocked` if one was already made).
         # Plain: the (I, O) transpose, a view made once rather than per call.
         self.operand = (blocked if blocked is not None else block(weight)) if packed else weight.t()
@@ -114,6 +134,8 @@ class Product:
         """x (..., I) -> (..., O)."""
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.operand, None, "none", [], "")
+        if self.onednn_rows and x.numel() >= self.onednn_rows * x.shape[-1]:  # many rows: the weight (O, I) as it is
+            return torch.ops.mkldnn._linear_pointwise(x, self.operand.t(), None, "none", [], "")
         return torch.matmul(x, self.operand)  # (..., I) @ (I, O): one call from Python, folded into one mm
 
     def __deepcopy__(self, memo: dict) -> "Product":
@@ -172,6 +194,7 @@ class Choice(NamedTuple):
     packed_s: tuple[float, float] | None
     cost_s: float  # time spent deciding, layout included
     why: str
+    onednn_rows: int = 0  # plain, with oneDNN's product on the unpacked weight from this many rows (0: never)
 
 
 def _seconds(product: Product, x: torch.Tensor, repeat: int) -> float:
@@ -182,15 +205,17 @@ def _seconds(product: Product, x: torch.Tensor, repeat: int) -> float:
 
 
 @torch.inference_mode()
-def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS
+def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS, decodes: bool = True
             ) -> tuple[Choice, torch.Tensor | None]:
     """Plain against packed on this weight (O, I) for 1 and `rows` rows, interleaved, best of `reps` each (fewer
-    for a weight whose product takes milliseconds). Returns the decision and the packed layout it timed."""
+    for a weight whose product takes milliseconds): packed where faster for `rows` rows and, if the model
+    `decodes` (takes 1-row steps), for 1 row too. Returns the decision and the packed layout it timed."""
     start = time.perf_counter()
     name = str(weight.dtype).removeprefix("torch.")
     if not packable(weight):
         return Choice(tuple(weight.shape), name, False, None, None, 0.0, NO_KERNEL), None
-    ways = {"plain": Product((), weight, False), "packed": Product((), weight, True)}
+    ways = {"plain": Product((), weight, False), "packed": Product((), weight, True),
+            "onednn": Product((), weight, False, onednn_rows=rows)}  # its 1-row product is the plain one
     xs = [torch.randn(n, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
           for n in (1, rows)]  # (1, I), (rows, I)
     for product in ways.values():  # oneDNN creates its kernel on the first call; the plain path warms its caches
@@ -199,17 +224,21 @@ def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS
     # Repeat each product to about 0.2 ms, so that a small weight's few microseconds are above the timer's noise.
     once = _seconds(ways["plain"], xs[0], 1)
     repeat = max(1, min(64, int(2e-4 / max(once, 1e-7))))
-    reps = max(3, min(reps, int(REP_BUDGET_S / (4 * once))))  # E2B's largest weights: a few ms a product
-    best = {(way, i): float("inf") for way in ways for i in range(2)}
+    reps = max(3, min(reps, int(REP_BUDGET_S / (5 * once))))  # E2B's largest weights: a few ms a product
+    order = [("plain", 0), ("plain", 1), ("onednn", 1), ("packed", 0), ("packed", 1)]
+    best = {key: float("inf") for key in order}
     for rep in range(reps):
-        order = [(way, i) for way in ways for i in range(2)]
         for way, i in order if rep % 2 == 0 else reversed(order):
             best[way, i] = min(best[way, i], _seconds(ways[way], xs[i], repeat))
-    plain, packed = (best["plain", 0], best["plain", 1]), (best["packed", 0], best["packed", 1])
-    faster = packed[0] < plain[0] and packed[1] < plain[1]
-    why = f"packed takes {packed[0] / plain[0]:.2f}x / {packed[1] / plain[1]:.2f}x the plain time for 1 / {rows} rows"
+    onednn_rows = rows if best["onednn", 1] < best["plain", 1] else 0
+    plain = (best["plain", 0], min(best["plain", 1], best["onednn", 1]))  # the better plain kernel for many rows
+    packed = (best["packed", 0], best["packed", 1])
+    faster = packed[1] < plain[1] and (packed[0] < plain[0] or not decodes)
+    why = (f"packed takes {packed[0] / plain[0]:.2f}x / {packed[1] / plain[1]:.2f}x the plain time for 1 / {rows} "
+           f"rows; oneDNN on the unpacked weight {best['onednn', 1] / best['plain', 1]:.2f}x torch.matmul's for {rows}")
     blocked = ways["packed"].operand if faster else None
-    return Choice(tuple(weight.shape), name, faster, plain, packed, time.perf_counter() - start, why), blocked
+    return Choice(tuple(weight.shape), name, faster, plain, packed, time.perf_counter() - start, why,
+                  0 if faster else onednn_rows), blocked
 
 
 def forced(weight: torch.Tensor, pack: bool) -> Choice:

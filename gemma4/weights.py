@@ -245,7 +245,7 @@ def _replace(model: nn.Module, key: str, tensor: torch.Tensor) -> None:
 @torch.no_grad()
 def prepare_weights(
     model: nn.Module, model_dir: Path, prefix: str, head: str | None, pack: bool | None = None,
-    rows: int = VERIFY_ROWS,
+    rows: int = VERIFY_ROWS, decodes: bool = True,
 ) -> tuple[Product | None, list[Choice]]:
     """Once, after loading: every product of `model` (`stacks`) made plain or packed (gemma4/packing.py), and
     the attention norms' stacked weights. Returns the product of the tied head `head` (a key of `model`; the
@@ -253,6 +253,7 @@ def prepare_weights(
 
     `pack`: None times plain against packed for 1 and `rows` rows and packs where packed is faster for both
     (the loaders' default), False never packs, True packs wherever oneDNN can (tests force both branches).
+    `decodes=False`: the model will only verify (`rows` rows, never 1), so packed need only be faster there.
 
     Memory: each product is made from its tensors read through a mapping of their own, gone once it is made:
     pages a mapping has read stay resident as long as it lives, and the model's views keep theirs alive.
@@ -278,7 +279,7 @@ def prepare_weights(
         signature = (tuple(values.shape), values.dtype)
         if signature not in choices:
             if pack is None:
-                choices[signature], blocked = measure(values, rows)
+                choices[signature], blocked = measure(values, rows, decodes=decodes)
             else:
                 choices[signature] = forced(values, pack)
         if choices[signature].packed:
@@ -290,9 +291,10 @@ def prepare_weights(
         elif len(keys) > 1:  # the parameters become views of the stack's rows
             for key, rows_of_key in zip(keys, values.split([part.shape[0] for part in parts])):
                 _replace(model, key, rows_of_key)
-            product = Product(tuple(model.get_parameter(key) for key in keys), values, False)
-        else:
-            product = Product((parts[0],), parts[0], False)  # as loaded: a view of the file, or the cast copy
+            product = Product(tuple(model.get_parameter(key) for key in keys), values, False, None,
+                              choices[signature].onednn_rows)
+        else:  # as loaded: a view of the file, or the cast copy
+            product = Product((parts[0],), parts[0], False, None, choices[signature].onednn_rows)
         del values
         if owner is None:
             head_product = product

@@ -71,8 +71,9 @@ def products(model: torch.nn.Module) -> list[Product | None]:
 def test_packed_and_plain_products_agree_fp32() -> None:
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(384, 256, generator=g) / 16  # (O, I)
-    for packed in ([False, True] if packable(weight) else [False]):
-        product = Product((weight,), weight, packed)
+    kinds = [(False, 0)] + ([(False, 1), (False, 5), (True, 0)] if packable(weight) else [])
+    for packed, onednn_rows in kinds:  # plain; plain with oneDNN for many rows; packed
+        product = Product((weight,), weight, packed, onednn_rows=onednn_rows)
         for rows in ROWS:
             x = torch.randn(1, rows, 256, generator=g)  # (B, N, I)
             with torch.inference_mode():
@@ -87,7 +88,10 @@ def test_packed_and_plain_products_agree_bf16() -> None:
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         # No oneDNN bfloat16 kernels on this CPU (AVX2 only): no copy can be made, the plain product serves.
         assert not packable(weight)
-    for product in [Product((weight,), weight, False)] + ([Product((weight,), weight, True)] if packable(weight) else []):
+    products = [Product((weight,), weight, False)]
+    if packable(weight):
+        products += [Product((weight,), weight, True), Product((weight,), weight, False, onednn_rows=2)]
+    for product in products:
         for x in xs:
             with torch.inference_mode():
                 assert product.serves(x, (weight,))
@@ -101,7 +105,7 @@ def test_which_weights_can_be_packed() -> None:
     assert not packable(weight.double()) and not packable(weight.half()) and not packable(weight.to("meta"))
 
 
-def test_the_measurement_times_both_ways_and_packs_only_where_faster_for_both() -> None:
+def test_the_measurement_times_both_ways_and_packs_only_where_faster_for_the_rows_used() -> None:
     """Its form only: which way is faster is the machine's."""
     weight = torch.randn(96, 64)
     choice, blocked = measure(weight, rows=5, reps=2)
@@ -111,7 +115,11 @@ def test_the_measurement_times_both_ways_and_packs_only_where_faster_for_both() 
         return
     assert all(s > 0 for s in choice.plain_s + choice.packed_s)
     assert choice.packed == all(p < q for p, q in zip(choice.packed_s, choice.plain_s))  # faster for both
+    assert choice.onednn_rows in ((0,) if choice.packed else (0, 5))  # a second kernel only for a plain weight
     assert (blocked is not None) == choice.packed
+    verifies, blocked = measure(weight, rows=5, reps=2, decodes=False)  # a model that only verifies
+    assert verifies.packed == (verifies.packed_s[1] < verifies.plain_s[1])  # the 1-row time does not count
+    assert (blocked is not None) == verifies.packed
     double, _ = measure(weight.double())
     assert not double.packed and double.plain_s is None  # nothing to time without a kernel
 
@@ -122,6 +130,7 @@ def test_the_loaders_report_one_decision_per_shape(pair: tuple[Path, Path]) -> N
         assert len(choices) == len(target.packing) and all(isinstance(c, Choice) for c in target.packing)
         for product in products(target):  # each product follows the decision of its (shape, dtype)
             assert product.packed == choices[product.shape, "float32"].packed
+            assert product.onednn_rows == choices[product.shape, "float32"].onednn_rows
     assert all(not c.packed and c.why == "forced" for c in target.packing) or not gemma4.packing.ONEDNN
 
 
@@ -144,6 +153,23 @@ def test_prepared_models_give_the_same_logits_and_tokens(pair: tuple[Path, Path]
     target, drafter = forced_pair(pair, pack)
     assert all(p is not None for p in products(target) + products(drafter))
     assert all(p.packed == (pack and gemma4.packing.ONEDNN) for p in products(target) + products(drafter))
+    with torch.inference_mode():
+        torch.testing.assert_close(target(torch.tensor([PROMPT])), raw_target(torch.tensor([PROMPT])))
+    plain = greedy_generate(raw_target, PROMPT, 24)
+    assert greedy_generate(target, PROMPT, 24) == plain
+    for k in (1, 4):
+        ours = speculative_generate(target, drafter, PROMPT, 24, DraftLength(k))
+        theirs = speculative_generate(raw_target, raw_drafter, PROMPT, 24, DraftLength(k))
+        assert ours.tokens == plain and ours.stats.rounds == theirs.stats.rounds
+
+
+def test_onednn_for_many_rows_gives_the_same_logits_and_tokens(pair: tuple[Path, Path]) -> None:
+    """Plain products that send verifies and prefills to oneDNN on the unpacked weight (as `measure` may
+    choose): the same logits and tokens, plain and speculative."""
+    raw_target, raw_drafter = unprepared(pair)
+    target, drafter = forced_pair(pair, pack=False)
+    for product in products(target) + products(drafter):
+        product.onednn_rows = 2 if gemma4.packing.ONEDNN else 0  # from 2 rows; without oneDNN: never
     with torch.inference_mode():
         torch.testing.assert_close(target(torch.tensor([PROMPT])), raw_target(torch.tensor([PROMPT])))
     plain = greedy_generate(raw_target, PROMPT, 24)
@@ -208,11 +234,13 @@ def test_training_a_prepared_model(pair: tuple[Path, Path], pack: bool) -> None:
     assert after < before  # the step took effect: the new weights are the ones multiplied
 
 
-@pytest.mark.parametrize("packed", [False, True] if gemma4.packing.ONEDNN else [False])
-def test_a_changed_or_replaced_weight(packed: bool) -> None:
-    """A packed copy retires when its weight changes in place; a plain product follows the change."""
+@pytest.mark.parametrize("packed, onednn_rows",
+                         [(False, 0)] + ([(False, 2), (True, 0)] if gemma4.packing.ONEDNN else []))
+def test_a_changed_or_replaced_weight(packed: bool, onednn_rows: int) -> None:
+    """A packed copy retires when its weight changes in place; a plain product follows the change, with
+    either of its kernels."""
     weight = torch.randn(48, 32)
-    product = Product((weight,), weight, packed)
+    product = Product((weight,), weight, packed, onednn_rows=onednn_rows)
     x = torch.randn(3, 32)
     with torch.no_grad():
         assert product.serves(x, (weight,))
