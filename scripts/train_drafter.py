@@ -1,30 +1,36 @@
 """Train an MTP drafter ("assistant") for any Gemma 4 target checkpoint; the target stays frozen.
 
-    python scripts/train_drafter.py                     # the committed demo assistant (about 10 min)
+    python scripts/train_drafter.py --out /tmp/assistant        # distilled on sampled data (see --help)
     python scripts/train_drafter.py --target DIR --out DIR --corpus TEXTS --hidden 256 --intermediate 2048 \\
         --device cuda --target-dtype bfloat16           # a real Gemma 4 (or a fine-tune) on a GPU
 
-What the drafter learns (spec mtp.md §4): from (the target's scaled embedding of a token, a hidden state)
-and the target's shared K/V, the target's own greedy continuation. Training runs exactly the inference
-computation (`Drafter.step`), for every position of a sequence at once and unrolled over several draft
-steps, so the drafter trains on the inputs it will see:
-- data: corpus windows of `--prompt-len` tokens, continued by the target's own greedy decoding for
-  `--generate` tokens (the part a speculative run drafts), then one teacher-forced target forward over
-  the whole sequence: g[t] = argmax of its logits at t, its post-norm hidden h[t], its shared K/V;
-- step 1 at query position t: token seq[t], hidden h[t-1], keys 0..t-1; label g[t];
-- step j > 1 at the same position t and the same keys: token g[t+j-2] (what step j-1 should have
-  proposed), hidden = step j-1's output h'; label g[t+j-1].
-The label of step j is the target's continuation only if the target's greedy chain follows the sequence
-(seq[t+i] == g[t+i-1] for every i < j); other positions do not count. In the generated part the chain
-always holds; in the corpus part it holds where the target predicted the text.
+`--out` is required, so a run never overwrites the bundled demo; weights.md has the command that
+made the committed one.
+
+What the drafter learns: from (the target's scaled embedding of a token, a hidden state) and the
+target's shared K/V, the target's distribution over the next tokens. Training runs exactly the
+inference computation (`Drafter.step`), for every position of a sequence at once and unrolled over
+several draft steps, so the drafter trains on the inputs it will see:
+- data: corpus windows of `--prompt-len` tokens, continued by the target itself for `--generate`
+  tokens (the part a speculative run drafts): greedily (`--data greedy`) or sampled with the product's
+  keyed sampler at a mixture of temperatures (`--data sampled --temperatures 0,0.7,1.0`, top-k 64,
+  top-p 0.95); then one teacher-forced target forward over the whole sequence gives its distribution
+  p[t] over the token at t+1, its post-norm hidden h[t] and its shared K/V;
+- step 1 at query position t: token seq[t], hidden h[t-1], keys 0..t-1; teacher p[t];
+- step j > 1 at the same position t and the same keys: token seq[t+j-1] (an accepted draft is a draw
+  from p, and the sequence's own tokens are such draws), hidden = step j-1's output h'; teacher p[t+j-1].
+- the loss (`--loss`, see `_distill.py` for the math): `ce` on the target's argmax, `kl` = KL(p || q)
+  at T = 1, `tv` = 1 - sum min(p, q) at the training temperatures (what sample drafting keeps), or a
+  sum such as `kl+tv`.
 
 Heads. The dense head `model.embed_tokens` [V, D] starts from the target's embedding (its principal
 components, so a rotation of it when D equals the target's width) and is trained with a full softmax.
-The centroid head (`use_ordered_embeddings`, spec §6) is built from the target's embedding: the token
+The centroid head (`use_ordered_embeddings`) is built from the target's embedding: the token
 ordering is a balanced clustering of the target's embedding rows (recursive bisection along principal
 directions: exactly V/C tokens per cluster), and the centroids are trained beside the drafter as a
-classifier of the cluster that holds the label, on the drafter's state with gradients stopped, so they
-never pull on the drafter itself.
+classifier of clusters, on the drafter's state with gradients stopped, so they
+never pull on the drafter itself. Its target is the cluster mass of the teacher distributions (a
+soft label), because sample drafting can only draw tokens from the clusters it keeps.
 
 Shape legend: B batch, T sequence, E target width, D drafter width, V vocab, C clusters.
 """
