@@ -4,6 +4,8 @@ Greedy is an explicit argmax (first index of the maximum on ties) of the softcap
 Sampling warps the same logits and draws the token at position n with noise keyed by (seed, n)
 (gemma4/sampling.py); the first token after the prefill is sampled like every other.
 The loop owns the position: it passes `start_pos` to every forward and moves `cache.length`.
+A conversation hands the loops its own cache holding the K/V of the prompt's first `reuse` ids
+(the prefix it shares with the previous turn): only the rest is prefilled (`prefill`).
 """
 
 from collections.abc import Callable
@@ -11,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from gemma4.cache import KVCache
-from gemma4.model import Gemma4Model
+from gemma4.model import Gemma4Model, ModelOutput
 from gemma4.sampling import TARGET, SamplerConfig, keyed_sample, warp
 
 # Chooses the token at absolute position n from the logits (1, V) of position n - 1.
@@ -34,6 +36,26 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
         )
 
 
+def prefill(model: Gemma4Model, prompt: list[int], max_new_tokens: int, cache: KVCache | None,
+            reuse: int) -> tuple[KVCache, ModelOutput]:
+    """Write the prompt's K/V and return the output of its last position.
+
+    Without a cache, a new one sized for the call. With one, its positions 0..reuse-1 must hold the
+    K/V of prompt[:reuse] (the caller's promise): they are kept and only prompt[reuse:] runs. K/V
+    depend only on the ids before them, so the result is the full prefill's.
+    """
+    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+    if cache is None:
+        context = model.config.max_position_embeddings
+        cache = KVCache(model.config, min(len(prompt) + max_new_tokens, context), dtype=dtype, device=device)
+    if not 0 <= reuse < len(prompt):  # the newest prompt token must run: its logits choose the first new one
+        raise ValueError(f"reuse must be in 0..{len(prompt) - 1}, got {reuse}")
+    cache.length = reuse
+    out = model.run(torch.tensor([prompt[reuse:]], device=device), cache, start_pos=reuse, num_logits=1)  # (1, T)
+    cache.length = len(prompt)
+    return cache, out
+
+
 def greedy_choice(logits: torch.Tensor, position: int) -> int:
     return int(logits[0].argmax())
 
@@ -48,15 +70,14 @@ def sampler_choice(sampler: SamplerConfig) -> Chooser:
 def decode(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, choose: Chooser,
     stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
+    cache: KVCache | None = None, reuse: int = 0,
 ) -> list[int]:
-    """The plain cached loop: prefill, then one forward per token; `choose` picks each token."""
+    """The plain cached loop: prefill, then one forward per token; `choose` picks each token.
+    `cache`, `reuse`: a cache already holding prompt[:reuse] (see `prefill`)."""
     check_prompt(model, prompt, max_new_tokens)
-    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+    device = model.embed_tokens.weight.device
     context = model.config.max_position_embeddings
-    cache = KVCache(model.config, min(len(prompt) + max_new_tokens, context), dtype=dtype, device=device)
-    ids = torch.tensor([prompt], device=device)  # (1, T)
-    out = model.run(ids, cache, start_pos=0, num_logits=1)  # prefill
-    cache.length = len(prompt)
+    cache, out = prefill(model, prompt, max_new_tokens, cache, reuse)
     new: list[int] = []
     while True:
         token = choose(out.logits[0, -1:], cache.length)  # the token at position cache.length
@@ -81,11 +102,12 @@ def greedy_generate(
 def sample_generate(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig,
     stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
+    cache: KVCache | None = None, reuse: int = 0,
 ) -> list[int]:
     """Like greedy_generate, each token drawn from the warped distribution with keyed noise:
     the same seed gives the same tokens. Temperature 0 is greedy_generate itself."""
     choose = greedy_choice if sampler.greedy else sampler_choice(sampler)
-    return decode(model, prompt, max_new_tokens, choose, stop_ids, on_token)
+    return decode(model, prompt, max_new_tokens, choose, stop_ids, on_token, cache, reuse)
 
 
 @torch.inference_mode()

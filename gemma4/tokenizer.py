@@ -1,31 +1,54 @@
-"""Tokenizer, Gemma 4 chat template and stop ids (spec gemma4.md §5).
+"""Tokenizer, the Gemma 4 chat template (written by token ids) and stop ids (spec gemma4.md §5).
 
 - `tokenizer.json` is read with the `tokenizers` library; no other tokenizer code runs.
-- The chat template writes `<bos>` itself, so the rendered text is encoded without adding another.
+- One rendering for a single prompt and for a conversation: `render` writes every turn by the
+  template's rules, and `encode_chat` is the conversation of one user turn.
+  `<bos>`, then (only with a system text or thinking on) `<|turn>system\\n[<|think|>\\n]{system}<turn|>\\n`,
+  then every turn as `<|turn>{user|model}\\n{text}<turn|>\\n`, then the generation prompt `<|turn>model\\n`.
+  User and system texts are trimmed; an earlier model turn loses every `<|channel>…<channel|>` span
+  (its thought: `strip_thought`) and is then trimmed.
+- Typed text stays text: user and system texts are tokenized with special-token parsing off, so a
+  typed `<turn|>` is spelled in ordinary tokens and cannot close a turn; the control tokens are put in
+  by id. transformers' `apply_chat_template` renders one string and then parses it, which lets typed
+  control strings through: a deliberate difference. Model turns keep their control tokens (they are
+  the model's own), so they are parsed, as the template does.
+- The template writes `<bos>` itself, so nothing else adds one.
 - The instruction-tuned targets stop on any of `generation_config.json`'s `eos_token_id`
   ([1, 106, 50]: `<eos>`, `<turn|>`, `<|tool_response>`).
-- 26B-A4B and 31B append an empty, closed thought block to the model turn when thinking is off;
-  E2B and E4B do not. Which applies is a property of the checkpoint, passed as `empty_thought`.
+- 26B-A4B and 31B append an empty, closed thought block to the generation prompt when thinking is
+  off; E2B and E4B do not (`needs_empty_thought`). Earlier model turns never carry it.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from gemma4.config import ConfigError, read_json
+from gemma4.config import ConfigError, TextConfig, read_json
 
-BOS_ID = 2
-BOS, TURN_START, TURN_END = "<bos>", "<|turn>", "<turn|>"
-EMPTY_THOUGHT = "<|channel>thought\n<channel|>"
+BOS_ID, THINK_ID, CHANNEL_START_ID, CHANNEL_END_ID, TURN_START_ID, TURN_END_ID = 2, 98, 100, 101, 105, 106
+CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
+ROLES = ("user", "model")
 
 
-def chat_prompt(user_text: str, system: str | None = None, empty_thought: bool = False) -> str:
-    """One user turn, thinking off: `<bos><|turn>user\\n{text}<turn|>\\n<|turn>model\\n`."""
-    text = BOS
-    if system is not None:
-        text += f"{TURN_START}system\n{system}{TURN_END}\n"
-    text += f"{TURN_START}user\n{user_text.strip()}{TURN_END}\n{TURN_START}model\n"
-    return text + (EMPTY_THOUGHT if empty_thought else "")
+@dataclass(frozen=True)
+class Message:
+    role: str  # "user" or "model" (the template's word for the assistant)
+    text: str  # as typed, or as the model wrote it (thought included: rendering drops it)
+
+
+def strip_thought(text: str) -> str:
+    """Drop every `<|channel>…<channel|>` span (an unclosed one runs to the end), then trim: the
+    template's rule for earlier model turns."""
+    kept = [part.split(CHANNEL_START)[0] for part in text.split(CHANNEL_END)]
+    return "".join(kept).strip()
+
+
+def needs_empty_thought(config: TextConfig) -> bool:
+    """26B-A4B and 31B write an empty thought block after `<|turn>model\\n` when thinking is off.
+    Only E2B/E4B have Per-Layer Embeddings, and their hidden size is at most 2560; the larger two
+    have no PLE and hidden 2816 / 5376."""
+    return not config.ple_dim and config.hidden_size > 2560
 
 
 class Gemma4Tokenizer:
@@ -39,11 +62,50 @@ class Gemma4Tokenizer:
         """Exact ids of `text`; special tokens written in the text are recognised, nothing is added."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of `text` as plain text: a special token's spelling becomes ordinary tokens."""
+        # `tokenizers` matches added tokens whatever add_special_tokens says; this switch (the one
+        # transformers' split_special_tokens sets) turns that off, for this call only.
+        self.tokenizer.encode_special_tokens = True
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        finally:
+            self.tokenizer.encode_special_tokens = False
+
+    def render(self, messages: list[Message], system: str | None = None, think: bool = False,
+               empty_thought: bool = False) -> list[int]:
+        """The conversation's ids, ending with the generation prompt for the next model turn."""
+        # Each run of text between two control tokens is tokenized whole, as the tokenizer splits a
+        # rendered string at its special tokens: `user\n` and the text form one run.
+        newline = self.encode_text("\n")
+        ids = [BOS_ID]
+        if think or system is not None:
+            ids.append(TURN_START_ID)
+            if think:  # runs: `system\n` | <|think|> | `\n{system}`
+                ids += self.encode_text("system\n") + [THINK_ID] + self.encode_text("\n" + (system or "").strip())
+            else:
+                ids += self.encode_text("system\n" + system.strip())
+            ids += [TURN_END_ID] + newline
+        for m in messages:
+            if m.role not in ROLES:
+                raise ValueError(f"a message's role is 'user' or 'model', got {m.role!r}")
+            if m.role == "user":
+                body = self.encode_text(f"user\n{m.text.strip()}")
+            else:  # the model's own control tokens are real ones
+                body = self.encode(f"model\n{strip_thought(m.text)}")
+            ids += [TURN_START_ID] + body + [TURN_END_ID] + newline
+        ids += [TURN_START_ID] + self.encode_text("model\n")
+        if empty_thought and not think:
+            ids += [CHANNEL_START_ID] + self.encode_text("thought\n") + [CHANNEL_END_ID]
+        return ids
+
     def encode_chat(self, user_text: str, empty_thought: bool = False) -> list[int]:
-        return self.encode(chat_prompt(user_text, empty_thought=empty_thought))
+        """One user turn, thinking off: the conversation of that turn alone."""
+        return self.render([Message("user", user_text)], empty_thought=empty_thought)
 
     def encode_raw(self, text: str) -> list[int]:
-        """The text as it is, after exactly one BOS."""
+        """The text as it is, after exactly one BOS (special tokens written in it are recognised:
+        raw text is how a caller writes a template of its own)."""
         return [BOS_ID] + self.encode(text)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:

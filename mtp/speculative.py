@@ -26,7 +26,7 @@ import torch
 
 from gemma4.cache import KVCache
 from gemma4.config import FULL, SLIDING
-from gemma4.generate import check_prompt
+from gemma4.generate import check_prompt, prefill
 from gemma4.model import Gemma4Model
 from gemma4.sampling import TARGET, UNIFORM, SamplerConfig, keyed_sample, keyed_uniform, warp
 from mtp.drafter import Drafter
@@ -165,22 +165,24 @@ def speculative_generate(
     draft_length: DraftLength, stop_ids: list[int] | tuple[int, ...] = (),
     sampler: SamplerConfig | None = None, drafting: str = "argmax",
     on_commit=None,  # noqa: ANN001 (optional callback(tokens, from_drafter flags) for streaming)
+    cache: KVCache | None = None, reuse: int = 0,
 ) -> SpecResult:
-    """Greedy with `sampler=None` or temperature 0; otherwise sampling with `drafting` (see above)."""
+    """Greedy with `sampler=None` or temperature 0; otherwise sampling with `drafting` (see above).
+    `cache`, `reuse`: a cache already holding prompt[:reuse] (gemma4/generate.py `prefill`)."""
     check_prompt(target, prompt, max_new_tokens)
     check_sampling(sampler, drafting)
     if sampler is not None and sampler.greedy:
         sampler = None  # temperature 0 is the greedy loop itself
     sampled_drafts = sampler is not None and drafting == "sample"
-    device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
+    device = target.embed_tokens.weight.device
     context = target.config.max_position_embeddings
-    cache = KVCache(target.config, min(len(prompt) + max_new_tokens, context), dtype=dtype, device=device)
     stats = SpecStats()
     draft_length.start_call()
 
-    # 0. Prefill: one forward over the prompt commits the first token (sampled like every other).
-    out = target.run(torch.tensor([prompt], device=device), cache, start_pos=0, num_logits=1)
-    cache.length = len(prompt)
+    # 0. Prefill: one forward over the prompt (past a reused prefix) commits the first token, sampled
+    #    like every other. The drafter needs nothing for a reused prefix: it keeps no cache, and reads
+    #    the target's K/V and the hidden of the prompt's last position, both the prefill's.
+    cache, out = prefill(target, prompt, max_new_tokens, cache, reuse)
     stats.target_forwards += 1
     logits = out.logits[0, -1:]  # (1, V): the token at position len(prompt)
     _, first = accept_greedy([], logits) if sampler is None else accept_keyed([], logits, sampler, len(prompt) - 1)

@@ -1,13 +1,17 @@
 """scripts/generate.py with several prompts: one batch, every row its own run (mtp.md §11b).
 
 - `--prompt` and `--prompt-ids` may be given several times, one row each, and `--prompts-file FILE`
-  adds one text prompt per line. One prompt in all runs exactly as before; several run as one batch
-  (gemma4/batch.py, mtp/batch.py) and each row's text is printed, labelled, after the run.
+  (`-`: stdin) adds text prompts: one per line, or the blocks between lines holding only `---`, which
+  may span lines. One prompt in all runs exactly as a single prompt; several run as one batch
+  (gemma4/batch.py, mtp/batch.py) and each row's text is printed on stdout after a line `== row i: ...`;
+  the totals go to stderr.
 - With sampling, row i uses seed + i: `--seed` + i reproduces that row alone.
 - `--json` prints {"rows": [the one-prompt object of each row], "stats": {batch totals}}. A row's
   `seconds` is the batch's wall time (its rows run together); the totals' `tokens_per_second` is all
   rows' new tokens over that time.
 - `--compare` runs the same prompts one after another, each alone: identical tokens? how much faster?
+  The totals then hold `sequential` ({seconds, tokens_per_second} of that run), `identical` (every
+  row's tokens equal its run alone) and `speedup` (sequential seconds / batch seconds).
 """
 
 import dataclasses
@@ -26,25 +30,50 @@ from mtp import DraftLength, Drafter, speculative_generate
 from mtp.batch import speculative_generate_batch
 
 
+SEPARATOR = "---"  # a line holding only this separates prompts that span lines
+
+
 def read_prompts(path: str) -> list[str]:
-    """One text prompt per line of the file; a blank line is a mistake, not an empty prompt."""
+    """The text prompts of a file (`-`: stdin): one per line, or, when some line holds only `---`, the
+    blocks between such lines, each its lines joined by newlines. Blank lines at the end are ignored;
+    an empty prompt anywhere else is a mistake, not a prompt."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = getattr(e, "strerror", None) or type(e).__name__
         raise ValueError(f"cannot read --prompts-file {path} ({reason}): give a readable UTF-8 text file") from None
+    lines = text.splitlines()
+    blocks_mode = SEPARATOR in (line.strip() for line in lines)
+    while lines and lines[-1].strip() in ("", SEPARATOR):  # blank lines and a closing separator at the end
+        lines.pop()
     if not lines:
         raise ValueError(f"--prompts-file {path} is empty: write one prompt per line")
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            raise ValueError(f"line {i} of --prompts-file {path} is empty: one prompt per line, no blank lines")
-    return lines
+    if not blocks_mode:
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                raise ValueError(f"line {i} of --prompts-file {path} is empty: one prompt per line, or prompts "
+                                 f"that span lines separated by lines holding only {SEPARATOR}")
+        return lines
+    blocks, current, first = [], [], 1
+    for i, line in enumerate([*lines, SEPARATOR], 1):
+        if line.strip() != SEPARATOR:
+            current.append(line)
+            continue
+        if i == 1:  # a file may open with a separator
+            first = 2
+            continue
+        if not "\n".join(current).strip():
+            raise ValueError(f"the prompt at line {first} of --prompts-file {path} is empty: write text "
+                             f"between the {SEPARATOR} lines")
+        blocks.append("\n".join(current))
+        current, first = [], i + 1
+    return blocks
 
 
-def split_prompts(args: dict[str, Any]) -> dict[str, Any]:
-    """The parsed arguments with one prompt as `prompt` / `prompt_ids` (as before), or several as `batch`."""
-    texts, ids = list(args.pop("prompt") or []), list(args.pop("prompt_ids") or [])
-    file = args.pop("prompts_file")
+def split_prompts(texts: list[str] | None, ids: list[list[int]] | None,
+                  file: str | None) -> tuple[str | None, list[int] | None, list | None]:
+    """(prompt, prompt_ids, batch): one prompt as text or ids, or several as a batch."""
+    texts, ids = list(texts or []), list(ids or [])
     if file is not None:
         if ids:
             raise ValueError("--prompts-file holds text prompts: give --prompt with it, not --prompt-ids")
@@ -54,8 +83,8 @@ def split_prompts(args: dict[str, Any]) -> dict[str, Any]:
         for row in rows:
             if (isinstance(row, str) and not row.strip()) or row == []:
                 raise ValueError("one of the prompts is empty: give each --prompt some text, each --prompt-ids some ids")
-        return args | {"prompt": None, "prompt_ids": None, "batch": rows}
-    return args | {"prompt": texts[0] if texts else None, "prompt_ids": ids[0] if ids else None}
+        return None, None, rows
+    return (texts[0] if texts else None), (ids[0] if ids else None), None
 
 
 def run_batch(
@@ -63,12 +92,14 @@ def run_batch(
     max_new_tokens: int, stops: list[int], sampler: SamplerConfig, drafting: str,
     tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool, show_drafts: bool,
     row_stats: Callable[..., dict], sampling_json: Callable[[int], dict],
-) -> tuple[dict, str]:
-    """Decode the rows as one batch; returns the --json object and the text to print otherwise."""
+) -> tuple[dict, str, str]:
+    """Decode the rows as one batch; returns the --json object, and otherwise the rows' text (stdout)
+    and the totals (stderr)."""
     if drafter is not None and drafting == "sample":  # (at temperature 0 check_options refused it already)
         raise ValueError("--drafting sample runs one prompt at a time: batches draft by argmax (the default)")
     if show_drafts and not json_output:
-        raise ValueError("--show-drafts marks the streamed text of one prompt: give one prompt, or drop it")
+        raise ValueError("--show-drafts has no effect here: it marks the streamed text of one prompt, and several "
+                         "are printed after the run: give one prompt, or drop it")
     samplers = [dataclasses.replace(sampler, seed=sampler.seed + i) for i in range(len(rows))]  # row i: seed + i
 
     def batch() -> list[tuple[list[int], Any, str]]:
@@ -108,24 +139,24 @@ def run_batch(
         totals["sequential"] = {"seconds": solo_seconds, "tokens_per_second": new / solo_seconds if solo_seconds else 0.0}
         totals["identical"] = alone == [tokens for tokens, _, _ in results]
         totals["speedup"] = solo_seconds / seconds if seconds else 0.0
-    return {"rows": out_rows, "stats": totals}, report(out_rows, totals, drafter is not None)
+    return {"rows": out_rows, "stats": totals}, *report(out_rows, totals, drafter is not None)
 
 
-def report(rows: list[dict], totals: dict, speculative: bool) -> str:
+def report(rows: list[dict], totals: dict, speculative: bool) -> tuple[str, str]:
+    """Each row's text after a line naming it; the totals."""
     lines = []
     for i, r in enumerate(rows):
         s = r["stats"]
         rate = f", acceptance {s['acceptance_rate']:.1%}" if speculative else ""
         lines += [f"== row {i}: {len(r['tokens'])} tokens, finished by {r['finish_reason']}{rate}",
                   r["text"] if r["text"] is not None else " ".join(map(str, r["tokens"]))]
-    t = totals
-    kind = "speculative" if speculative else "plain"
-    lines += ["", f"-- batch of {t['rows']} rows, {kind} decoding: {t['tokens']} tokens, {t['target_forwards']} "
-                  f"batched target forwards",
-              f"time                 {t['seconds']:.2f} s, {t['tokens_per_second']:.1f} tokens/s (all rows)"]
+    t, kind = totals, "speculative" if speculative else "plain"
+    stats = ["", f"-- batch of {t['rows']} rows, {kind} decoding: {t['tokens']} tokens, {t['target_forwards']} "
+                 f"batched target forwards",
+             f"time                 {t['seconds']:.2f} s, {t['tokens_per_second']:.1f} tokens/s (all rows)"]
     if "sequential" in t:
         q = t["sequential"]
-        lines += [f"-- one after another (--compare): {q['seconds']:.2f} s, {q['tokens_per_second']:.1f} tokens/s",
+        stats += [f"-- one after another (--compare): {q['seconds']:.2f} s, {q['tokens_per_second']:.1f} tokens/s",
                   f"identical tokens     {'yes' if t['identical'] else 'no'}",
                   f"speedup              {t['speedup']:.2f}x"]
-    return "\n".join(lines)
+    return "\n".join(lines), "\n".join(stats)

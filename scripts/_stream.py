@@ -1,10 +1,31 @@
-"""The streamed text of scripts/generate.py: committed tokens printed as they come, drafts marked."""
+"""The streamed text of scripts/generate.py: committed tokens printed as they come, drafts marked.
 
-import sys
+A `Sink` is one place the text goes: stdout, and (with --show-drafts when stdout is not a terminal)
+stderr with the marks, so that stdout stays the generated text alone. Accepted drafts are green on a
+terminal; without colour they sit between ⟦ and ⟧, which Python source (the demo's text) never holds,
+unlike the square brackets an earlier version used.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import TextIO
 
 from gemma4.tokenizer import Gemma4Tokenizer
 
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
+OPEN, CLOSE = "⟦", "⟧"  # U+27E6, U+27E7: marks that code and prose do not use
+
+
+def colour_on(file: TextIO) -> bool:
+    """Colour only on a terminal, and not when NO_COLOR is set (no-color.org) or TERM is dumb."""
+    return file.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+@dataclass(frozen=True)
+class Sink:
+    file: TextIO
+    mark: bool  # mark the accepted drafts
+    colour: bool  # ...in green, else between OPEN and CLOSE
 
 
 class Stream:
@@ -17,8 +38,8 @@ class Stream:
     end a run. So only the text up to the last other token is final, and only that is printed early.
     """
 
-    def __init__(self, tokenizer: Gemma4Tokenizer | None, echo: bool, mark: bool, colour: bool) -> None:
-        self.tokenizer, self.echo, self.mark, self.colour = tokenizer, echo, mark, colour
+    def __init__(self, tokenizer: Gemma4Tokenizer | None, sinks: list[Sink]) -> None:
+        self.tokenizer, self.sinks = tokenizer, sinks
         self.tokens: list[int] = []
         self.shown = 0  # characters of the text already printed
         self.open_run: set[int] = set()  # ids that do not close a run of byte tokens
@@ -32,9 +53,9 @@ class Stream:
         return None if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def commit(self, tokens: list[int], from_drafter: list[bool]) -> None:
-        """One committed block: accepted drafts first, then the target's own token (mtp.md §7 step 5)."""
+        """One committed block: accepted drafts first, then the target's own token."""
         start = 0
-        while start < len(tokens):  # print runs of the same origin, so one bracket holds one round's drafts
+        while start < len(tokens):  # print runs of the same origin, so one mark holds one round's drafts
             end = start
             while end < len(tokens) and from_drafter[end] == from_drafter[start]:
                 end += 1
@@ -43,7 +64,7 @@ class Stream:
             start = end
 
     def show(self, run: list[int], drafted: bool, final: bool = False) -> None:
-        if not self.echo:
+        if not self.sinks:
             return
         if self.tokenizer is None:  # --prompt-ids on a checkpoint without tokenizer.json: show ids
             piece = "".join(f"{t} " for t in run)
@@ -53,12 +74,15 @@ class Stream:
                 done -= 1
             text = self.text(self.tokens[:done])
             piece, self.shown = text[self.shown:], max(self.shown, len(text))
-        if drafted and self.mark and piece:
-            piece = f"{GREEN}{piece}{RESET}" if self.colour else f"[{piece}]"
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+        for sink in self.sinks:
+            out = piece
+            if drafted and sink.mark and piece:
+                out = f"{GREEN}{piece}{RESET}" if sink.colour else f"{OPEN}{piece}{CLOSE}"
+            sink.file.write(out)
+            sink.file.flush()
 
     def finish(self) -> None:
         self.show([], drafted=False, final=True)
-        if self.echo:
-            sys.stdout.write("\n")
+        for sink in self.sinks:
+            sink.file.write("\n")
+            sink.file.flush()

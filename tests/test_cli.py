@@ -3,7 +3,9 @@
 Most cases call the script's `cli(argv)` in this process (loading a tiny model takes milliseconds;
 starting a Python with torch takes seconds). Three run it as a real subprocess: the JSON contract
 (stdout must hold the object and nothing else), a Hub id with the Hub offline (huggingface_hub reads
-HF_HUB_OFFLINE when it is imported), and Ctrl-C (a real SIGINT).
+HF_HUB_OFFLINE when it is imported), and Ctrl-C (a real SIGINT). The test target's files are shaped
+like a release's: a chat template, and a generation_config.json that samples (T 1, top-k 64, top-p 0.95).
+The defaults rule, the refused flags and the pipes have their own files (tests/test_cli_*.py).
 """
 
 import importlib.util
@@ -19,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from gemma4.tokenizer import Gemma4Tokenizer
 from tests.checkpoints import STOP_IDS, write_assistant, write_target
 from tests.tokenizer_fixture import write_tokenizer
 
@@ -42,6 +45,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("pair")
     target = write_target(root / "target", "e2b")
     write_tokenizer(target)
+    # A release ships its chat template beside the tokenizer; the CLI renders Gemma 4's turns itself
+    # (gemma4/tokenizer.py), so the file only has to be there.
+    (target / "chat_template.jinja").write_text("{# Gemma 4's turns: rendered by gemma4/tokenizer.py #}\n")
     assistant = write_assistant(root / "assistant", target, ordered_embeddings=True, echo=True)
     return target, assistant
 
@@ -52,7 +58,10 @@ def run_subprocess(args: list[str], env: dict[str, str] | None = None) -> subpro
 
 
 def run_inprocess(capsys: pytest.CaptureFixture, args: list[str], demo: Path | None = None) -> tuple[int, str, str]:
-    status = generate.cli(args) if demo is None else generate.cli(args, demo=demo)
+    try:
+        status = generate.cli(args) if demo is None else generate.cli(args, demo_target=demo)
+    except SystemExit as e:  # argparse's own checks leave through Parser.error
+        status = e.code
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -71,7 +80,7 @@ def assert_one_line_failure(status: int, out: str, err: str, expected: str) -> N
 def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
     target, assistant = pair
     args = ["--target", str(target), "--assistant", str(assistant), "--prompt", "hi", "--max-new-tokens", "24",
-            "--num-assistant-tokens", "3", "--json", "--compare"]
+            "--num-assistant-tokens", "3", "--temperature", "0", "--json", "--compare"]
     proc = run_subprocess(args)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # the whole of stdout is one JSON object
@@ -99,7 +108,7 @@ def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
 def test_sampling_settings_come_from_generation_config(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     # The test target's generation_config.json has the releases' do_sample, T 1.0, top_k 64, top_p 0.95.
     common = ["--target", str(pair[0]), "--assistant", str(pair[1]), "--prompt", "hi",
-              "--max-new-tokens", "24", "--ignore-eos", "--temperature", "1", "--compare"]
+              "--max-new-tokens", "24", "--ignore-eos", "--compare"]
     status, out, err = run_inprocess(capsys, [*common, "--json"])
     result = json.loads(out)
     assert status == 0, err
@@ -108,8 +117,9 @@ def test_sampling_settings_come_from_generation_config(pair: tuple[Path, Path], 
     assert result["plain"]["tokens"] == result["tokens"]
     status, out, err = run_inprocess(capsys, [*common, "--top-k", "5"])
     assert status == 0, err
-    assert "temperature 1, top-k 5, top-p 0.95 (top_p from generation_config.json), seed 0, argmax drafting" in err
-    assert "identical tokens     yes" in out and "plain sampling decoding (--compare)" in out
+    assert ("decoding   temperature 1, top-k 5, top-p 0.95, seed 0, argmax drafting "
+            "(do_sample, temperature, top_p from generation_config.json)") in err
+    assert "identical tokens     yes" in err and "plain sampling decoding (--compare)" in err
 
 
 def test_sampling_seeds_and_sample_drafting(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
@@ -129,10 +139,10 @@ def test_sampling_seeds_and_sample_drafting(pair: tuple[Path, Path], capsys: pyt
     assert len(sampled["tokens"]) == 24 and sampled["stats"]["drafted"] > 0
     status, out, err = run_inprocess(capsys, [*common[:-1], "--drafting", "sample", "--compare", "--seed", "3"])
     assert status == 0, err
-    assert "by design" in out.split("identical tokens", 1)[1].splitlines()[0]  # a difference is no failure
+    assert "by design" in err.split("identical tokens", 1)[1].splitlines()[0]  # a difference is no failure
 
 
-def test_no_assistant_is_plain_greedy(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+def test_no_assistant_is_plain_decoding(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     target, assistant = pair
     common = ["--target", str(target), "--prompt", "hi", "--max-new-tokens", "20", "--json"]
     status, out, _ = run_inprocess(capsys, [*common, "--no-assistant"])
@@ -146,26 +156,28 @@ def test_no_assistant_is_plain_greedy(pair: tuple[Path, Path], capsys: pytest.Ca
 
 def test_stream_marks_drafts_and_matches_json(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     target, assistant = pair
-    common = ["--target", str(target), "--assistant", str(assistant), "--prompt", "hi", "--max-new-tokens", "40",
-              "--num-assistant-tokens", "3", "--ignore-eos"]
+    common = ["--target", str(target), "--assistant", str(assistant), "--prompt", "tell me about foxes",
+              "--max-new-tokens", "40", "--num-assistant-tokens", "3", "--ignore-eos", "--temperature", "0"]
     _, out, _ = run_inprocess(capsys, [*common, "--json"])
     result = json.loads(out)
     assert result["stats"]["accepted"] > 0  # this prompt gets drafts accepted: the marks below are exercised
     status, out, err = run_inprocess(capsys, [*common, "--show-drafts"])
     assert status == 0
-    streamed, _, stats_block = out.partition("\n\n-- speculative decoding")
-    unmark = str.maketrans("", "", "[]")  # not a terminal: accepted drafts are in brackets
-    assert streamed.translate(unmark) == result["text"].translate(unmark)
+    assert out == result["text"] + "\n"  # stdout is not a terminal: the text alone, unmarked
+    legend, _, rest = err.partition("proposed by the drafter and accepted; the rest the target supplied\n\n")
+    marked, _, stats_block = rest.partition("\n\n-- speculative decoding")
+    assert "⟦between these⟧" in legend  # no colour: the marks are named in the legend
+    assert "⟦" in marked and marked.translate(str.maketrans("", "", "⟦⟧")) == result["text"]
     assert "acceptance rate" in stats_block and "tokens per forward" in stats_block and "tokens/s" in stats_block
 
 
 def test_stream_marks_and_byte_runs(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
-    tokenizer = generate.Gemma4Tokenizer(pair[0] / "tokenizer.json")
-    stream = generate.Stream(tokenizer, echo=True, mark=True, colour=False)
+    tokenizer = Gemma4Tokenizer(pair[0] / "tokenizer.json")
+    stream = generate.Stream(tokenizer, [generate.Sink(sys.stdout, mark=True, colour=False)])
     h, i, space, e2, e3, x82, xac, eos = (tokenizer.tokenizer.token_to_id(p) for p in
                                           ("h", "i", "▁", "<0xE2>", "<0xE3>", "<0x82>", "<0xAC>", "<eos>"))
     stream.commit([h, i, space], [True, True, False])  # two accepted drafts, then the target's token
-    assert capsys.readouterr().out == "[hi] "
+    assert capsys.readouterr().out == "⟦hi⟧ "
     stream.commit([e2, x82, eos], [True, True, False])  # an open run of byte tokens: nothing is final yet
     assert capsys.readouterr().out == ""
     stream.commit([xac, h], [False, False])  # E2 82 AC is the euro sign; the special <eos> is not text
@@ -174,7 +186,7 @@ def test_stream_marks_and_byte_runs(pair: tuple[Path, Path], capsys: pytest.Capt
     stream.finish()
     assert capsys.readouterr().out == "\ufffdh\n"
     assert stream.text() == "hi €h\ufffdh"
-    generate.Stream(tokenizer, echo=True, mark=True, colour=True).commit([h, i], [True, False])  # a terminal
+    generate.Stream(tokenizer, [generate.Sink(sys.stdout, mark=True, colour=True)]).commit([h, i], [True, False])
     assert capsys.readouterr().out == "\x1b[32mh\x1b[0mi"
 
 
@@ -184,10 +196,10 @@ def test_no_arguments_runs_the_demo_pair(
     target, assistant = pair
     shutil.copytree(target, tmp_path / "target")
     shutil.copytree(assistant, tmp_path / "assistant")
-    status, out, err = run_inprocess(capsys, [], demo=tmp_path)
+    status, out, err = run_inprocess(capsys, ["--max-new-tokens", "8"], demo=tmp_path / "target")
     assert status == 0, err
-    assert "proposed by the drafter" in err  # --show-drafts is on
-    assert "-- speculative decoding" in out and "identical tokens     yes" in out  # and --compare
+    assert f"assistant  {tmp_path / 'assistant'}" in err  # the sibling of a directory named target
+    assert "-- speculative decoding" in err and "Tell me a story" in err  # a chat model's default prompt
 
 
 # ---------------------------------------------------------------- clear failures
@@ -272,9 +284,14 @@ def test_assistant_of_another_target(pair: tuple[Path, Path], tmp_path: Path, ca
     assert "backbone_hidden_size is 96, the target's hidden size is 64" in err
 
 
-def test_default_assistant_not_found(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
-    status, out, err = run_inprocess(capsys, ["--target", str(pair[0])])
+def test_default_assistant(pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    lonely = _copy(pair[0], tmp_path / "lonely")  # neither lonely-assistant beside it nor named target
+    status, out, err = run_inprocess(capsys, ["--target", str(lonely)])
     assert_one_line_failure(status, out, err, "pass --assistant, or --no-assistant")
+    assert "the target directory + '-assistant'" in err
+    _copy(pair[1], tmp_path / "lonely-assistant")  # DIR-assistant beside DIR
+    status, _, err = run_inprocess(capsys, ["--target", str(lonely), "--max-new-tokens", "4"])
+    assert status == 0 and f"assistant  {tmp_path / 'lonely-assistant'}" in err
 
 
 ARGUMENT_CASES = {  # name -> (arguments after --target/--assistant, what the error line says)
@@ -291,13 +308,15 @@ ARGUMENT_CASES = {  # name -> (arguments after --target/--assistant, what the er
     "raw with ids": (["--prompt-ids", "2", "--raw"], "--raw applies to --prompt text"),
     "ids that are not integers": (["--prompt-ids", "2,x"], "argument --prompt-ids: expected comma-separated integers"),
     "unknown dtype": (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
-    "negative temperature": (["--temperature", "-0.5"], "--temperature must be at least 0 (0 is greedy), got -0.5"),
+    "negative temperature": (["--temperature", "-0.5"], "--temperature must be a finite number, at least 0"),
+    "infinite temperature": (["--temperature", "inf"], "--temperature must be a finite number, at least 0 (0 is greedy), got inf"),
+    "temperature nan": (["--temperature", "nan"], "--temperature must be a finite number, at least 0 (0 is greedy), got nan"),
+    "threads below 1": (["--threads", "0"], "--threads must be at least 1, got 0"),
     "top-p 0": (["--temperature", "1", "--top-p", "0"], "--top-p must be in (0, 1] (1 turns it off), got 0.0"),
     "top-p above 1": (["--temperature", "1", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
     "negative top-k": (["--temperature", "1", "--top-k", "-1"], "--top-k must be at least 0 (0 turns it off), got -1"),
-    "sample drafting at temperature 0": (["--drafting", "sample"], "--drafting sample draws drafts from the drafter"),
-    "drafting without an assistant": (["--temperature", "1", "--drafting", "argmax", "--no-assistant"],
-                                      "--drafting applies to speculative decoding"),
+    "sample drafting at temperature 0": (["--temperature", "0", "--drafting", "sample"],
+                                         "--drafting has no effect here: it applies to sampling"),
     "unknown drafting": (["--drafting", "random"], "argument --drafting: invalid choice: 'random'"),
     "negative seed": (["--seed", "-1"], "--seed must be at least 0, got -1"),
 }
@@ -307,10 +326,7 @@ ARGUMENT_CASES = {  # name -> (arguments after --target/--assistant, what the er
 def test_bad_arguments(case: str, pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     args, expected = ARGUMENT_CASES[case]
     argv = ["--target", str(pair[0]), "--assistant", str(pair[1]), *args]
-    try:
-        status, out, err = run_inprocess(capsys, argv)
-    except SystemExit as e:  # argparse's own checks leave through Parser.error
-        status, (out, err) = e.code, capsys.readouterr()
+    status, out, err = run_inprocess(capsys, argv)
     assert_one_line_failure(status, out, err, expected)
 
 

@@ -47,7 +47,7 @@ def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixtu
 
 
 def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:  # noqa: F811
-    greedy = [*common(pair), "--no-assistant"]
+    greedy = ["--target", str(pair[0]), "--max-new-tokens", "16", "--ignore-eos", "--no-assistant", "--temperature", "0"]
     ids = ["2,105,300,301", "2,7,8,9,10,11,12"]
     status, out, _ = run_inprocess(capsys, [*greedy, "--prompt-ids", ids[0], "--prompt-ids", ids[1], "--json"])
     rows = json.loads(out)["rows"]
@@ -59,10 +59,11 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
     given = json.loads(run_inprocess(capsys, [*common(pair), "--prompt", "hi", "--prompt", "tell me about foxes",
                                               "--json"])[1])
     assert [r["tokens"] for r in from_file["rows"]] == [r["tokens"] for r in given["rows"]]
-    status, out, _ = run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--compare"])
+    status, out, err = run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--compare"])
     assert status == 0
-    assert out.startswith("== row 0: 16 tokens, finished by length") and "\n== row 1: " in out
-    assert "batch of 2 rows, speculative decoding: 32 tokens" in out and "identical tokens     yes" in out
+    assert out.startswith("== row 0: 16 tokens, finished by length") and "\n== row 1: " in out  # rows: stdout
+    assert "batch of 2 rows, speculative decoding: 32 tokens" in err and "identical tokens     yes" in err  # totals
+    assert "batch of" not in out
     file.write_text("hi\n")  # one prompt: exactly today's object
     one = json.loads(run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--json"])[1])
     assert one == {**single(capsys, [*common(pair), "--prompt", "hi"]), "stats": one["stats"]}
@@ -75,6 +76,7 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
     ("empty prompt", "one of the prompts is empty"),
     ("ids and file", "give --prompt with it, not --prompt-ids"),
     ("sample drafting", "batches draft by argmax"),
+    ("show-drafts", "--show-drafts has no effect here"),
 ])
 def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: str, expected: str) -> None:  # noqa: F811
     file = tmp_path / "prompts.txt"
@@ -86,6 +88,17 @@ def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: 
         "empty prompt": ["--prompt", "hi", "--prompt", " "],
         "ids and file": ["--prompt-ids", "2,3", "--prompts-file", str(file)],
         "sample drafting": ["--prompts-file", str(file), "--temperature", "1", "--drafting", "sample"],
+        "show-drafts": ["--prompts-file", str(file), "--show-drafts"],
     }[case]
     status, out, err = run_inprocess(capsys, [*common(pair), *args])
     assert_one_line_failure(status, out, err, expected)
+
+
+def test_compare_without_assistant(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    """With several prompts --compare runs them one after another, which plain decoding can do too."""
+    args = ["--target", str(pair[0]), "--max-new-tokens", "8", "--no-assistant", "--prompt", "hi", "--prompt", "yo",
+            "--compare", "--json"]
+    status, out, err = run_inprocess(capsys, args)
+    assert status == 0, err
+    totals = json.loads(out)["stats"]
+    assert totals["identical"] is True and set(totals["sequential"]) == {"seconds", "tokens_per_second"}

@@ -31,6 +31,20 @@ PROMPTS = [
 FIXED_PROMPT = '    def __repr__(self):\n        return "'  # acceptance 0.94 at K=4 when the pair was made
 
 
+def test_default_prompt_does_not_loop(pair):
+    """generate.py's default prompt for a model without a chat template: the demo's greedy 128 tokens
+    repeat no line more than twice (other prompts fall into `self.get_name = self.get_name` loops), and most drafts land."""
+    from generate import CODE_PROMPT
+
+    target, drafter, tok = pair
+    spec = speculative_generate(target, drafter, tok.encode_raw(CODE_PROMPT), 128, DraftLength(4),
+                                stop_ids(DEMO / "target"))
+    lines = [line.strip() for line in tok.decode(spec.tokens, skip_special_tokens=True).splitlines() if line.strip()]
+    assert len(spec.tokens) == 128 and len(lines) >= 8
+    assert max(lines.count(line) for line in lines) <= 2, lines  # a docstring's quotes may close once
+    assert spec.stats.acceptance_rate > 0.5
+
+
 @pytest.fixture(scope="module")
 def pair():
     target = load_target(DEMO / "target")

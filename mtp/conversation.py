@@ -1,0 +1,162 @@
+"""A multi-turn conversation on one KV cache: every turn renders the whole conversation and
+prefills only what the cache does not already hold.
+
+It lives in `mtp/` because a turn runs either loop: the speculative one (mtp/speculative.py) with
+a drafter, plain decoding (gemma4/generate.py) without; gemma4/ never imports mtp/.
+
+- Rendering is the template's (gemma4/tokenizer.py `render`): earlier thoughts are dropped, so
+  after a thinking turn the cache and the new rendering part at the thought's first token.
+- Prefix reuse: the cache keeps K/V by absolute position, every position of every layer (sliding
+  windows live in the mask), so keeping the first R positions is `cache.length = R`, for every
+  family. R is the longest common prefix of the new ids and `held` (the ids whose K/V the cache
+  holds: every committed token but the newest), and at most len(ids) - 1: the newest prompt token
+  must run, its logits choose the first reply token.
+- The drafter needs no reuse logic: it keeps no cache, and reads the target's K/V and the hidden
+  of the newest position, both the turn's prefill's.
+- Keyed sampling draws position n's token from noise keyed by (seed, n), so a turn on a reused
+  cache gives the tokens of a fresh run over the same ids with the same settings, sampled or not.
+- The cache is sized to the context and grows as it fills (gemma4/cache.py).
+- Ctrl-C during a reply (KeyboardInterrupt) ends the turn: the tokens already handed to
+  `on_commit` become the model's turn, finish reason "interrupted", and the conversation goes on.
+"""
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gemma4.cache import KVCache
+from gemma4.generate import check_prompt, sample_generate
+from gemma4.model import Gemma4Model
+from gemma4.sampling import SamplerConfig
+from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
+from mtp.drafter import Drafter
+from mtp.speculative import DraftLength, SpecStats, check_sampling, speculative_generate
+
+DEFAULT_STOP_IDS = (1, 106, 50)  # <eos>, <turn|>, <|tool_response>: the releases' generation_config.json
+GREEDY = SamplerConfig(temperature=0.0)
+
+# Sees each committed block: its tokens and, per token, whether the drafter proposed it.
+OnCommit = Callable[[list[int], list[bool]], None]
+
+
+class ContextFull(ValueError):
+    """The conversation no longer fits the model's context; the conversation is unchanged."""
+
+    def __init__(self, needed: int, context: int) -> None:
+        self.needed, self.context = needed, context
+        super().__init__(f"this turn needs {needed} positions (the conversation and at least one reply "
+                         f"token) but the model's context holds {context}: /reset to start over")
+
+
+@dataclass
+class Reply:
+    turn: int  # 1 for the first turn after a start or a reset
+    prompt_ids: list[int]  # the whole rendered conversation this turn's generation started from
+    reused: int  # leading prompt ids whose K/V the cache already held
+    prefilled: int  # the rest, run by this turn's prefill: reused + prefilled == len(prompt_ids)
+    tokens: list[int]  # new tokens, with the stop id that ended them if any
+    text: str  # the tokens decoded without special tokens (a thought's text included)
+    finish_reason: str  # "stop", "length" (max_new_tokens or the context) or "interrupted"
+    stats: SpecStats | None  # the speculative loop's statistics; None for plain decoding
+    seconds: float  # from the call to the last token
+    first_token_seconds: float | None  # from the call to the first token (rendering and prefill included)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Conversation:
+    def __init__(
+        self, target: Gemma4Model, tokenizer: Gemma4Tokenizer, drafter: Drafter | None = None,
+        system: str | None = None, think: bool = False, stop_ids: Sequence[int] = DEFAULT_STOP_IDS,
+    ) -> None:
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
+        self.empty_thought = needs_empty_thought(target.config)
+        self.draft_length = DraftLength(4)  # used when a turn passes none; a heuristic schedule carries over
+        w = target.embed_tokens.weight
+        self.cache = KVCache(target.config, target.config.max_position_embeddings, dtype=w.dtype, device=w.device,
+                             reserve=0)
+        self.held: list[int] = []  # ids whose K/V sit at positions 0..len-1 of the cache
+        self.messages: list[Message] = []
+        self.turn = 0
+
+    def reset(self) -> None:
+        """Forget the messages. The cache keeps its K/V: they are a function of the ids alone, so the
+        next turn still reuses what it shares with them (`<bos>`, the system turn)."""
+        self.messages, self.turn = [], 0
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        """What the next turn would run on: the conversation so far, this user text, the generation prompt."""
+        return self.tokenizer.render(self.messages + [Message("user", user_text)], self.system, self.think,
+                                     self.empty_thought)
+
+    def say(
+        self, user_text: str, max_new_tokens: int = 256, sampler: SamplerConfig = GREEDY,
+        draft_length: DraftLength | None = None, drafting: str = "argmax",
+        stop_ids: Sequence[int] | None = None, ignore_eos: bool = False, on_commit: OnCommit | None = None,
+    ) -> Reply:
+        """One user turn and the model's reply, which joins the conversation.
+
+        `sampler` greedy (temperature 0) or sampling; with a drafter, `draft_length` (K and the
+        schedule; default the conversation's own) and `drafting` ("argmax" or "sample") as in
+        `speculative_generate`. `stop_ids`: default the conversation's; `ignore_eos` stops on none.
+        Raises ContextFull when the conversation cannot fit one more token, ValueError on bad
+        settings; either way the conversation is as before the call.
+        """
+        start = time.perf_counter()
+        ids = self.prompt_ids(user_text)
+        context = self.target.config.max_position_embeddings
+        if len(ids) + 1 > context:
+            raise ContextFull(len(ids) + 1, context)
+        check_prompt(self.target, ids, max_new_tokens)  # bad settings fail before the cache is touched
+        if self.drafter is not None:
+            check_sampling(sampler, drafting)
+        stops = () if ignore_eos else tuple(self.stop_ids if stop_ids is None else stop_ids)
+        reused = min(common_prefix(ids, self.held), len(ids) - 1)
+        # From here on, whenever an exception falls, positions below min(cache.length, len(sequence))
+        # hold the K/V of sequence = ids + the reply so far: the loops move `length` only past K/V
+        # they wrote for it (a stop id may cut the last block short of `length`).
+        self.cache.length, self.held = reused, ids[:reused]
+        shown: list[int] = []
+        first: list[float] = []
+
+        def commit(tokens: list[int], from_drafter: list[bool]) -> None:
+            if not first:
+                first.append(time.perf_counter() - start)
+            shown.extend(tokens)  # before the caller's callback: an interrupt there keeps what it got
+            if on_commit:
+                on_commit(tokens, from_drafter)
+
+        stats = None
+        try:
+            if self.drafter is not None:
+                result = speculative_generate(
+                    self.target, self.drafter, ids, max_new_tokens, draft_length or self.draft_length, stops,
+                    sampler, drafting, on_commit=commit, cache=self.cache, reuse=reused)
+                tokens, stats, finish_reason = result.tokens, result.stats, result.finish_reason
+            else:
+                tokens = sample_generate(self.target, ids, max_new_tokens, sampler, stops,
+                                         on_token=lambda t: commit([t], [False]), cache=self.cache, reuse=reused)
+                finish_reason = "stop" if tokens[-1] in stops else "length"
+        except KeyboardInterrupt:
+            tokens, finish_reason = shown, "interrupted"
+        seconds = time.perf_counter() - start
+
+        sequence = ids + tokens
+        self.held = sequence[:min(self.cache.length, len(sequence))]
+        self.cache.length = len(self.held)
+        # The model's turn as the template stores it: its text with its control tokens (a thought
+        # is dropped when the next turn is rendered), without the stop id that closed it.
+        body = tokens[:-1] if finish_reason == "stop" else tokens
+        self.messages += [Message("user", user_text), Message("model", self.tokenizer.decode(body))]
+        self.turn += 1
+        return Reply(self.turn, ids, reused, len(ids) - reused, tokens,
+                     self.tokenizer.decode(tokens, skip_special_tokens=True), finish_reason, stats, seconds,
+                     first[0] if first else None)

@@ -1,0 +1,319 @@
+"""The model options shared by scripts/generate.py and scripts/chat.py: flags, checks, defaults, loading.
+
+Two rules hold for every flag here, and both scripts state them in `--help`:
+- **A flag changes only itself.** Per-checkpoint defaults come from the checkpoint's own files: the
+  sampling settings from the target's `generation_config.json` (`do_sample`, `temperature`, `top_k`,
+  `top_p`, as the releases carry them), the drafts per round from the assistant's. Every other default
+  is the same for every model. So the run without arguments, `--json` alone and `--seed 1` differ only
+  in what was asked. The bundled demo is no mode: it is the default `--target`, and its files say greedy.
+- **A flag acts or is refused.** A flag that would have no effect in the given combination (`--seed`
+  on a greedy run, `--schedule` without an assistant, ...) ends the run before any work with one line
+  naming it, exit status 2. Whether a flag "is given" is read from argparse (its default is None),
+  never from its value: `--seed 0` on a greedy run is refused like `--seed 7`.
+
+A script uses them in this order: `add_model_options(parser)`, `flags = ModelFlags.parsed(args)`,
+`check_values(flags)`, `load_target_from(flags, say)` (device, dtype, target, tokenizer, sampling
+settings, stop ids) and `load_assistant_from(flags, target, ...)`; `sampling_line` is the header line.
+
+The assistant's lookup rule (no `--assistant`): a Hub id ORG/NAME pairs with ORG/NAME-assistant, as the
+releases do; a directory DIR with DIR-assistant beside it, or else, for a directory named `target`,
+with its sibling `assistant` (the demo's layout).
+"""
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from gemma4.config import read_json
+from gemma4.model import Gemma4Model
+from gemma4.sampling import SamplerConfig
+from gemma4.tokenizer import Gemma4Tokenizer, stop_ids
+from gemma4.weights import load_target, resolve_model_dir
+from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
+from mtp.speculative import DRAFTING
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_TARGET = REPO / "scripts" / "demo" / "target"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+USAGE_ERROR, INTERRUPTED = 2, 130
+DEFAULT_MAX_NEW_TOKENS = 128
+# Below this hidden size a matmul is too small for a second thread to pay for its synchronisation
+# (the demo's is 64; the smallest release, E2B, has 1536).
+SMALL_HIDDEN = 256
+
+RULES = """\
+defaults: a flag changes only itself. The sampling settings come from the target's
+generation_config.json (do_sample, temperature, top_k, top_p; the releases sample at T 1, top-k 64,
+top-p 0.95, the demo decodes greedy); --temperature 0 is greedy. Every other default is the same for
+every model. A flag that would have no effect in the given combination (e.g. --seed on a greedy run,
+--schedule with --no-assistant) is refused with one line and exit status 2.
+assistant: without --assistant, a Hub id ORG/NAME pairs with ORG/NAME-assistant; a directory DIR with
+DIR-assistant beside it, or else (a directory named target) with its sibling directory assistant."""
+
+
+class UsageError(ValueError):
+    """Something on the command line that cannot run; its message says what to change."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """The model options as given: None (or False) where the command line left a flag out."""
+    target: str | None
+    assistant: str | None
+    no_assistant: bool
+    max_new_tokens: int | None
+    num_assistant_tokens: int | None
+    schedule: str | None
+    ignore_eos: bool
+    dtype: str | None
+    device: str | None
+    threads: int | None
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    seed: int | None
+    drafting: str | None
+    show_drafts: bool
+
+    @classmethod
+    def parsed(cls, args: argparse.Namespace) -> "ModelFlags":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """The flags of the model, its drafter and decoding. Every default is None, so that a check can
+    tell a flag given from one left out; the help states the value a left-out flag takes."""
+    p.add_argument("--target", metavar="PATH_OR_HUB_ID",
+                   help="checkpoint directory or Hub id like google/gemma-4-E2B-it (default: the bundled demo, "
+                        "scripts/demo/target)")
+    p.add_argument("--assistant", metavar="PATH_OR_HUB_ID",
+                   help="the drafter's checkpoint directory or Hub id (default: found by the rule below)")
+    p.add_argument("--no-assistant", action="store_true",
+                   help="no drafter: plain decoding, greedy or sampled as the settings say")
+    p.add_argument("--max-new-tokens", metavar="N", type=int,
+                   help="at most N new tokens; more than the context holds is cut to what fits (default: 128)")
+    p.add_argument("--num-assistant-tokens", metavar="K", type=int,
+                   help="drafts per round (default: the assistant's generation_config.json, else 4)")
+    p.add_argument("--schedule", choices=SCHEDULES,
+                   help="how the drafts per round adapt: constant K, or K+2 after a fully accepted round and "
+                        "K-1 otherwise (default: constant)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop on the target's stop ids")
+    p.add_argument("--dtype", choices=list(DTYPES), help="(default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", metavar="DEVICE", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
+    p.add_argument("--threads", metavar="N", type=int,
+                   help="CPU threads for torch (default: 1 for targets of hidden size below 256, like the demo, "
+                        "whose tiny matrices gain nothing from more; else torch's own)")
+    p.add_argument("--temperature", metavar="T", type=float,
+                   help="0: greedy; above 0: sample, exactly from the target's distribution (default: the "
+                        "target's generation_config.json: its temperature if do_sample is true, else 0)")
+    p.add_argument("--top-k", metavar="K", type=int,
+                   help="sampling: only the K most likely tokens, 0: off (default: generation_config.json's, else 0)")
+    p.add_argument("--top-p", metavar="P", type=float,
+                   help="sampling: the most likely tokens that hold probability P, 1: off "
+                        "(default: generation_config.json's, else 1)")
+    p.add_argument("--seed", metavar="N", type=int,
+                   help="sampling seed: the token at position n draws noise keyed by (seed, n) only (default: 0)")
+    p.add_argument("--drafting", choices=DRAFTING,
+                   help="sampling with an assistant: argmax drafts reproduce plain sampling token for token; "
+                        "sample draws drafts from the drafter, exact in distribution (default: argmax)")
+    p.add_argument("--show-drafts", action="store_true",
+                   help="mark the drafter's accepted tokens in the streamed text (green on a terminal, "
+                        "else between ⟦ and ⟧)")
+
+
+def refuse(flag: str, why: str) -> NoReturn:
+    raise UsageError(f"{flag} has no effect here: {why}")
+
+
+def check_values(a: ModelFlags) -> None:
+    """Values that are wrong whatever the checkpoint says, and flags that cancel each other."""
+    if a.max_new_tokens is not None and a.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
+    if a.num_assistant_tokens is not None and a.num_assistant_tokens < 1:
+        raise UsageError(f"--num-assistant-tokens must be at least 1, got {a.num_assistant_tokens}; "
+                         f"for plain decoding use --no-assistant")
+    if a.temperature is not None and not (math.isfinite(a.temperature) and a.temperature >= 0):
+        raise UsageError(f"--temperature must be a finite number, at least 0 (0 is greedy), got {a.temperature}")
+    if a.top_k is not None and a.top_k < 0:
+        raise UsageError(f"--top-k must be at least 0 (0 turns it off), got {a.top_k}")
+    if a.top_p is not None and not 0 < a.top_p <= 1:  # also refuses NaN
+        raise UsageError(f"--top-p must be in (0, 1] (1 turns it off), got {a.top_p}")
+    if a.seed is not None and not 0 <= a.seed < 1 << 63:
+        raise UsageError(f"--seed must be at least 0, got {a.seed}")
+    if a.threads is not None and a.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {a.threads}")
+    if a.no_assistant:
+        for flag, value in (("--assistant", a.assistant), ("--num-assistant-tokens", a.num_assistant_tokens),
+                            ("--schedule", a.schedule), ("--drafting", a.drafting),
+                            ("--show-drafts", a.show_drafts or None)):
+            if value is not None:
+                refuse(flag, "it applies to the drafter, and --no-assistant runs without one: drop one of the two")
+
+
+def pick_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    hint = "use --device cpu" + (" or cuda" if torch.cuda.is_available() else "")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"{name!r} is not a device name like cpu, cuda or cuda:1: {hint}") from None
+    if device.type == "meta":
+        raise UsageError(f"device {name!r} holds no data: {hint}")
+    try:
+        torch.empty(1, device=device)  # the cheapest proof that the device is there
+    except (RuntimeError, AssertionError, NotImplementedError) as e:  # torch's ways of saying "not here"
+        reason = str(e).splitlines()[0][:100] if str(e) else type(e).__name__
+        raise UsageError(f"device {name!r} is not available here ({reason}): {hint}") from None
+    return device
+
+
+def shown_path(path: Path) -> str:
+    """A path as the header shows it: relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """A chat model ships its template's files: `chat_template.jinja` and `tokenizer_config.json` (every
+    Gemma 4 release has both). The demo target, a model of raw Python source, has only tokenizer.json."""
+    return (model_dir / "chat_template.jinja").is_file() or (model_dir / "tokenizer_config.json").is_file()
+
+
+def sampler_from(a: ModelFlags, target_dir: Path) -> tuple[SamplerConfig, str]:
+    """The sampling settings (flags first, then generation_config.json), and the keys the file gave."""
+    gen = target_dir / "generation_config.json"
+    file = read_json(gen) if gen.is_file() else {}
+    temperature = a.temperature
+    if temperature is None:
+        temperature = float(file.get("temperature", 1.0)) if file.get("do_sample") else 0.0
+    taken = [] if a.temperature is not None else ["do_sample"] + (["temperature"] if temperature else [])
+    if temperature == 0:  # greedy: flags that only sampling reads would do nothing
+        said = f"do_sample {str(file['do_sample']).lower()}" if "do_sample" in file else "no do_sample"
+        why = ("--temperature 0 decodes greedy" if a.temperature is not None
+               else f"{gen if gen.is_file() else target_dir} says greedy ({said})")
+        for flag, value in (("--top-k", a.top_k), ("--top-p", a.top_p), ("--seed", a.seed), ("--drafting", a.drafting)):
+            if value is not None:
+                refuse(flag, f"it applies to sampling, and {why}: add --temperature T (above 0), or drop {flag}")
+        return SamplerConfig(0.0, 0, 1.0, 0), ", ".join(taken)
+    top_k, top_p = a.top_k, a.top_p
+    if top_k is None and "top_k" in file:
+        top_k = int(file["top_k"])
+        taken.append("top_k")
+    if top_p is None and "top_p" in file:
+        top_p = float(file["top_p"])
+        taken.append("top_p")
+    sampler = SamplerConfig(temperature, 0 if top_k is None else top_k, 1.0 if top_p is None else top_p,
+                            0 if a.seed is None else a.seed)
+    return sampler, ", ".join(taken)
+
+
+def default_assistant(target: str) -> tuple[str, str]:
+    """The assistant a target pairs with when --assistant is not given, and the rule that chose it."""
+    path = Path(target).expanduser()
+    if not path.is_dir():
+        return target.rstrip("/") + "-assistant", "the target's Hub id + '-assistant'"
+    beside = path.parent / (path.resolve().name + "-assistant")
+    if not beside.is_dir() and path.resolve().name == "target" and (path.parent / "assistant").is_dir():
+        return str(path.parent / "assistant"), "the target directory's sibling 'assistant'"
+    return str(beside), "the target directory + '-assistant'"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The loaded target and what the run takes from its files."""
+    name: str  # as given: a path or a Hub id
+    dir: Path
+    model: Gemma4Model
+    tokenizer: Gemma4Tokenizer | None
+    chat: bool  # has a chat template: user text goes into Gemma 4's turns
+    empty_thought: bool  # the 26B-A4B / 31B generation prompt ends in an empty thought block
+    stops: list[int]
+    sampler: SamplerConfig
+    from_file: str  # the sampling keys generation_config.json supplied, for the header line
+
+
+@dataclass(frozen=True)
+class Assistant:
+    name: str
+    drafter: Drafter
+    draft_length: DraftLength
+    drafting: str
+
+
+def load_target_from(a: ModelFlags, say: Callable[[str], None],
+                     demo_target: Path = DEMO_TARGET) -> tuple[Target, torch.device, torch.dtype]:
+    """Device, dtype and the target, with the sampling settings resolved and checked. `say` prints one
+    header line (to stderr, or nowhere)."""
+    dev = pick_device(a.device)
+    dtype = DTYPES[a.dtype or ("bfloat16" if dev.type == "cuda" else "float32")]
+    name = a.target or shown_path(demo_target)
+    if a.target is None and not demo_target.is_dir():
+        raise UsageError(f"the demo pair is missing from {demo_target.parent}: restore it from git, or pass --target")
+    target_dir = resolve_model_dir(name)  # a Hub id is downloaded here
+    sampler, from_file = sampler_from(a, target_dir)  # before the weights load: a refusal costs nothing
+    model = load_target(target_dir, dtype, dev)
+    threads = a.threads or (1 if model.config.hidden_size < SMALL_HIDDEN else None)  # None: torch's own
+    if threads is not None:
+        torch.set_num_threads(threads)
+    tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
+    # 26B-A4B and 31B write an empty thought block after the model turn, E2B and E4B do not. Only E2B/E4B
+    # have Per-Layer Embeddings, and their hidden size is at most 2560; the larger two have none and
+    # hidden 2816 / 5376.
+    empty_thought = not model.config.ple_dim and model.config.hidden_size > 2560
+    stops = [] if a.ignore_eos else stop_ids(target_dir)
+    say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
+        f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'})")
+    target = Target(name, target_dir, model, tokenizer, has_chat_template(target_dir), empty_thought, stops,
+                    sampler, from_file)
+    return target, dev, dtype
+
+
+def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype: torch.dtype,
+                        say: Callable[[str], None]) -> Assistant | None:
+    """The drafter, checked against the target, and its drafts per round; None with --no-assistant."""
+    if a.no_assistant:
+        return None
+    name, rule = (a.assistant, "") if a.assistant is not None else default_assistant(target.name)
+    try:
+        assistant_dir = resolve_model_dir(name)
+    except ValueError as e:
+        if not rule:
+            raise
+        raise UsageError(f"{e} (the assistant defaults to {rule}: pass --assistant, or --no-assistant for "
+                         f"plain decoding)") from None
+    drafter = load_drafter(assistant_dir, dtype, dev)
+    check_pair(target.model.config, drafter.config, target.name, name)
+    k = a.num_assistant_tokens
+    if k is None:  # the release's own choice, as transformers reads it
+        gen = assistant_dir / "generation_config.json"
+        k = int(read_json(gen).get("num_assistant_tokens", 4)) if gen.is_file() else 4
+    schedule = a.schedule or "constant"
+    say(f"assistant  {name} ({k} drafts per round, {schedule} schedule)")
+    return Assistant(name, drafter, DraftLength(k, schedule), a.drafting or "argmax")
+
+
+def sampling_line(target: Target, assistant: Assistant | None) -> str:
+    s = target.sampler
+    how = "greedy" if s.greedy else f"temperature {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}, seed {s.seed}"
+    if assistant is not None and not s.greedy:
+        how += f", {assistant.drafting} drafting"
+    return f"decoding   {how}" + (f" ({target.from_file} from generation_config.json)" if target.from_file else "")
+
+
+def one_line(e: BaseException) -> str:
+    return "error: " + " ".join(str(e).split())  # one line, whatever the message holds
