@@ -63,7 +63,7 @@ from measure_pair import PROMPT_TOKENS, measure  # noqa: E402
 
 def drafter_config(target_dir: Path, target: TextConfig, hidden: int, intermediate: int, heads: int,
                    num_centroids: int, top_k: int, dtype: torch.dtype) -> dict[str, Any]:
-    """config.json of a `Gemma4AssistantForCausalLM` whose layers fit the target's two KV sources (§3)."""
+    """config.json of a `Gemma4AssistantForCausalLM` whose layers fit the target's two KV sources."""
     src_s, src_f = target.kv_source(SLIDING), target.kv_source(FULL)
     kv_s, kv_f = target.kv_heads[src_s], target.kv_heads[src_f]
     fields, _ = text_fields(read_json(target_dir / "config.json"))
@@ -285,7 +285,7 @@ if __name__ == "__main__":
                    help="directory to write the assistant to (required: training never overwrites the demo)")
     p.add_argument("--corpus", type=Path, default=None,
                    help="directory of .py/.txt/.md/.rst files (None: this Python's standard library)")
-    p.add_argument("--loss", default="kl", help="ce, kl, tv, or a sum of them such as kl+tv")
+    p.add_argument("--loss", default="kl+tv", help="ce, kl, tv, or a sum of them such as kl+tv")
     p.add_argument("--data", default="sampled", choices=DATA,
                    help="continuations the target decodes greedily, or samples at --temperatures")
     p.add_argument("--temperatures", default="0,0.7,1.0",
