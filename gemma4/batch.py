@@ -1,4 +1,4 @@
-"""Plain decoding of many prompts at once: every row of the batch is its own run (spec mtp.md §11b).
+"""Plain decoding of many prompts at once: every row of the batch is its own run (mtp/README.md §12).
 
 The batch-1 loop in gemma4/generate.py stays the textbook; this is the same loop over B rows beside
 it, and the tests hold every row against it. Facts a reader must know:

@@ -19,7 +19,7 @@
 - `length` is the number of valid positions. The generation loop owns it: a forward writes K/V at the
   positions it is given and never moves `length`; the loop sets it after committing tokens. Rolling
   back means lowering `length`; later writes overwrite the stale slots.
-- A batch of rows at different positions (mtp §11b): `length` is then a (B,) tensor, row b's T new
+- A batch of rows at different positions (mtp/README.md §12): `length` is then a (B,) tensor, row b's T new
   tokens are written at its own positions length_b.. in one indexed assignment, and every slot past a
   row's own positions is stale: the causal mask hides it. A finished row leaves with `keep`.
 """

@@ -1,6 +1,6 @@
 """Gemma 4 text configuration: a frozen dataclass read key by key from `config.json`.
 
-Facts a reader must know (spec gemma4.md §1):
+Facts a reader must know (gemma4/README.md §1-§3):
 - Official targets are multimodal (`model_type: gemma4`): the text fields sit in `text_config`.
   A bare `gemma4_text` config (saved from a `Gemma4ForCausalLM`) holds them at the top level.
 - Sliding and full layers have different head sizes (`head_dim` vs `global_head_dim`) and, on K=V
@@ -74,7 +74,7 @@ class TextConfig:
         return self.intermediate_size * (2 if wide else 1)
 
     def has_v_proj(self, layer: int) -> bool:
-        # K=V full layers derive V from the raw key projection (spec §2.4).
+        # K=V full layers derive V from the raw key projection (gemma4/README.md §7).
         return not (self.attention_k_eq_v and self.layer_types[layer] == FULL)
 
 

@@ -1,15 +1,16 @@
-"""The Gemma 4 text model (the *target*): norms, RoPE, attention, MLP, MoE, decoder layer, model.
+"""The Gemma 4 text model (the *target*): RoPE, masks, attention, MLP, decoder layer, model (norms in
+gemma4/norms.py, the MoE block in gemma4/moe.py).
 
-Spec: shared/spec/gemma4.md (cited as §n). Facts a reader must know:
-- RMSNorm multiplies by its weight directly (not 1 + w) and runs in fp32 (§2.1).
-- Attention scale is 1.0: q_norm and k_norm already normalise the dot product (§2.4).
-- Sliding and full layers differ in head size, kv heads, RoPE and mask (§1.3, §2.3, §2.8).
+Design: gemma4/README.md (cited as §n). Facts a reader must know:
+- RMSNorm multiplies by its weight directly (not 1 + w) and runs in fp32 (§4).
+- Attention scale is 1.0: q_norm and k_norm already normalise the dot product (§7).
+- Sliding and full layers differ in head size, kv heads, RoPE and mask (§2, §6, §8).
 - KV-shared layers own no K/V: they attend to the K/V of the last non-shared layer of their type,
-  computed earlier in the same forward (§1.4). The forward returns those two layers' K/V, which is
+  computed earlier in the same forward (§3). The forward returns those two layers' K/V, which is
   exactly what the MTP drafter reads.
-- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§2.9); the MoE block
-  (26B-A4B) runs beside the dense MLP, not instead of it (§2.7).
-- A batch of rows may sit at different positions (mtp §11b): `start_pos` is then a (B,) tensor, and
+- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block
+  (26B-A4B) runs beside the dense MLP, not instead of it (§10).
+- A batch of rows may sit at different positions (mtp/README.md §12): `start_pos` is then a (B,) tensor, and
   RoPE, masks and cache writes are per row. Batch 1 keeps its plain int path.
 
 Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim,
@@ -25,62 +26,20 @@ from torch import nn
 
 from gemma4.cache import KVCache, RowSlots
 from gemma4.config import SLIDING, RopeConfig, TextConfig
-from gemma4.packing import Linear, Packed, linear
-
-
-def wide(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the sensitive steps: fp32 for bf16 and fp32 models (§6), float64 for tests' float64 models."""
-    return torch.float64 if dtype == torch.float64 else torch.float32  # a plain branch: no dispatcher call
-
-
-@cache
-def eps_tensor(eps: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(eps, dtype=dtype, device=device)  # made once: a float operand is a new tensor per call
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """§2.1: x * (mean(x²) + eps)^-1/2 in fp32, times the weight directly (not 1 + w), cast back.
-
-    Six native ops: F.rms_norm, a composite on the CPU, dispatches ~20 and x.pow(2).mean() ~10, and a
-    decode step of a small model runs ~170 norms (this is 16% faster on the demo; same fp32 sums).
-    """
-    dtype = wide(x.dtype)
-    xf = x if x.dtype == dtype else x.to(dtype)
-    squares = (xf * xf).sum(dim=-1, keepdim=True)  # (..., 1)
-    inv_rms = torch.add(eps_tensor(eps, dtype, x.device), squares, alpha=1 / x.shape[-1]).rsqrt_()  # (..., 1)
-    out = xf * inv_rms  # (..., n)
-    if weight is not None:
-        out = out * (weight if weight.dtype == dtype else weight.to(dtype))  # in fp32, then one rounding
-    return out if out.dtype == x.dtype else out.to(x.dtype)
-
-
-# RMSNorm is called ~170 times per decoded token, so directly, as Linear is (gemma4/packing.py):
-# nn.Module.__call__ (hook dispatch) costs ≈ 2 µs a call. Hooks on it would not run.
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-    __call__ = forward  # no hook dispatch, see above
-
-
-def gelu(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")  # `gelu_pytorch_tanh` in config.json
+from gemma4.moe import Experts, Router
+from gemma4.norms import RMSNorm, gelu, rms_norm
+from gemma4.packing import Choice, Linear, Prepared, Product, linear
 
 
 @cache
 def embed_scale(dim: int, dtype: torch.dtype) -> float:
-    """sqrt(dim) rounded to the weight dtype first (§2.2): 39.25, not 39.19, for E2B in bf16."""
+    """sqrt(dim) rounded to the weight dtype first (§5): 39.25, not 39.19, for E2B in bf16."""
     return float(torch.tensor(dim**0.5, dtype=dtype))
 
 
-# ---------------------------------------------------------------- RoPE (§2.3)
+# ---------------------------------------------------------------- RoPE (§6)
 
+@cache  # once per (RoPE, head size, device), not per forward: read-only once made
 def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> torch.Tensor:
     """(D/2,) angular frequencies. "proportional" rotates only the first n pairs, the rest get 0."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim  # (D/2,)
@@ -108,7 +67,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, H, D) * ((B,) T, 1, D)
 
 
-# ---------------------------------------------------------------- masks (§2.8)
+# ---------------------------------------------------------------- masks (§8)
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """q_pos (T,), k_pos (S,) -> (T, S) bool, True = visible: key j to query p iff j <= p (and
@@ -144,25 +103,57 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
 
 
-# ---------------------------------------------------------------- attention (§2.4)
+# ---------------------------------------------------------------- attention (§7)
 
 class Attention(nn.Module):
     def __init__(self, config: TextConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
         self.head_dim = d = config.head_dims[layer]
+        self.num_heads, self.kv_heads = config.num_heads, config.kv_heads[layer]
         self.shared = config.is_shared(layer)
-        self.has_v_proj = not self.shared and config.has_v_proj(layer)  # K=V layers have none (§2.4)
-        kv_heads, e = config.kv_heads[layer], config.hidden_size
+        self.has_v_proj = not self.shared and config.has_v_proj(layer)  # K=V layers have none (§7)
+        e = config.hidden_size
         self.eps = config.rms_norm_eps
         self.q_proj = Linear(e, config.num_heads * d)
         self.q_norm = RMSNorm(d, self.eps)
         self.o_proj = Linear(config.num_heads * d, e)
         if not self.shared:  # shared layers hold no k/v weights at all
-            self.k_proj = Linear(e, kv_heads * d)
+            self.k_proj = Linear(e, self.kv_heads * d)
             self.k_norm = RMSNorm(d, self.eps)
             if self.has_v_proj:
-                self.v_proj = Linear(e, kv_heads * d)
+                self.v_proj = Linear(e, self.kv_heads * d)
+        # Set by the loader (weights.prepare_weights), not parameters: q/k(/v) stacked into one product, and
+        # their norms' weights stacked into one table (`norm_weights`).
+        self.qkv: Product | None = None
+        self.norms: Prepared | None = None
+
+    def qkv_weights(self) -> tuple[torch.Tensor, ...]:
+        """The projections one product stacks: q, k, v rows ((H+2K)*D, E), or q, k on K=V layers."""
+        v = (self.v_proj.weight,) if self.has_v_proj else ()
+        return (self.q_proj.weight, self.k_proj.weight, *v)
+
+    def norm_weights(self) -> torch.Tensor:
+        """(H+2K, D): q_norm's weight on every query head, k_norm's on every key head, 1 on the value heads
+        (v_norm has no weight): the three norms as one. The loader's table while the weights are unchanged."""
+        sources = (self.q_norm.weight, self.k_norm.weight)
+        if self.norms is not None and self.norms.serves(sources):
+            return self.norms.value
+        h, k, d = self.num_heads, self.kv_heads, self.head_dim
+        ones = torch.ones(k, d, dtype=self.q_norm.weight.dtype, device=self.q_norm.weight.device)
+        return torch.cat([self.q_norm.weight.expand(h, d), self.k_norm.weight.expand(k, d), ones])  # (H+2K, D)
+
+    def project_qkv(self, x: torch.Tensor, inp: LayerInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, E) -> q (B, T, H, D) and k, v (B, K, T, D): projected, normed, q and k rotated; one product,
+        one norm and one rotation for all heads (each head's numbers as if done apart)."""
+        b, t, _ = x.shape
+        h, kv = self.num_heads, self.kv_heads
+        qkv = linear(x, self.qkv_weights(), self.qkv).view(b, t, -1, self.head_dim)  # (B, T, H+2K, D) or (B, T, H+K, D)
+        if not self.has_v_proj:  # K=V layers: V is the *raw* key projection, taken before k_norm (§7)
+            qkv = torch.cat([qkv, qkv[:, :, h:]], dim=2)  # (B, T, H+2K, D)
+        qkv = rms_norm(qkv, self.norm_weights(), self.eps)  # q_norm, k_norm and the weightless v_norm
+        qk = apply_rope(qkv[:, :, :h + kv], inp.cos, inp.sin)  # (B, T, H+K, D); V gets no RoPE
+        return qk[:, :, :h], qk[:, :, h:].transpose(1, 2), qkv[:, :, h + kv:].transpose(1, 2)
 
     def forward(
         self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, start: int | RowSlots,
@@ -170,16 +161,12 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x (B, T, E) -> (B, T, E), and this layer's K/V over positions 0..start+T-1 (0..end-1 per row)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, -1, self.head_dim)  # (B, T, H, D), head-major columns
-        q = apply_rope(self.q_norm(q), inp.cos, inp.sin)
         if self.shared:
+            q = self.q_norm(self.q_proj(x).view(b, t, -1, self.head_dim))  # (B, T, H, D), head-major columns
+            q = apply_rope(q, inp.cos, inp.sin)
             k, v = shared_kv  # (B, K, S, D) of the source layer, this forward's positions included
         else:
-            k_raw = self.k_proj(x).view(b, t, -1, self.head_dim)  # (B, T, K, D)
-            # K=V layers: V is the *raw* key projection, taken before k_norm (§2.4).
-            v_raw = self.v_proj(x).view(b, t, -1, self.head_dim) if self.has_v_proj else k_raw
-            k = apply_rope(self.k_norm(k_raw), inp.cos, inp.sin).transpose(1, 2)  # (B, K, T, D)
-            v = rms_norm(v_raw, None, self.eps).transpose(1, 2)  # weightless v_norm, no RoPE; (B, K, T, D)
+            q, k, v = self.project_qkv(x, inp)  # (B, T, H, D), (B, K, T, D) x 2
             if cache is not None:
                 k, v = cache.write(self.layer, start, k, v)  # (B, K, start+T, D) views
         s = inp.key_start  # a sliding layer past its window: older keys are not even multiplied
@@ -188,58 +175,23 @@ class Attention(nn.Module):
         return self.o_proj(out), (k, v)
 
 
-# ---------------------------------------------------------------- feed-forward (§2.5, §2.7)
+# ---------------------------------------------------------------- feed-forward (§9; MoE in gemma4/moe.py)
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int) -> None:
         super().__init__()
+        self.width = width
         self.gate_proj = Linear(hidden, width)
         self.up_proj = Linear(hidden, width)
         self.down_proj = Linear(width, hidden)
+        self.gate_up: Product | None = None  # gate and up stacked into one product by the loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = linear(x, (self.gate_proj.weight, self.up_proj.weight), self.gate_up)  # (B, T, 2W)
+        return self.down_proj(gelu(gate_up[..., :self.width]) * gate_up[..., self.width:])
 
 
-class Router(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        self.eps, self.top_k = config.rms_norm_eps, config.top_k_experts
-        self.root_size = config.hidden_size**-0.5  # a plain float multiplier (§6)
-        self.proj = Linear(config.hidden_size, config.num_experts)
-        self.scale = nn.Parameter(torch.empty(config.hidden_size))
-        self.per_expert_scale = nn.Parameter(torch.empty(config.num_experts))
-
-    def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """r (N, E) -> weights (N, k) in fp32 (at least) and expert ids (N, k)."""
-        z = rms_norm(r, None, self.eps) * self.scale * self.root_size  # weightless norm, then scale
-        prob = torch.softmax(self.proj(z), dim=-1, dtype=wide(r.dtype))  # (N, X), fp32 in a bf16 model
-        weights, experts = torch.topk(prob, self.top_k, dim=-1)  # (N, k)
-        weights = weights / weights.sum(dim=-1, keepdim=True)  # renormalise over the chosen k
-        return weights * self.per_expert_scale[experts], experts
-
-
-class Experts(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        x, i, e = config.num_experts, config.moe_intermediate_size, config.hidden_size
-        self.width = i
-        self.gate_up_proj = nn.Parameter(torch.empty(x, 2 * i, e))  # gate rows first, then up
-        self.down_proj = nn.Parameter(torch.empty(x, e, i))
-
-    def forward(self, u: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """u (N, E), weights/experts (N, k) -> (N, E): each token's weighted sum over its k experts."""
-        out = torch.zeros_like(u, dtype=weights.dtype)  # the weighted sum is fp32 (§2.7 step 5)
-        # Loop over the experts actually chosen, each taking its tokens in one matmul.
-        for expert in experts.unique().tolist():
-            token, slot = torch.where(experts == expert)  # (n,), (n,)
-            gate, up = F.linear(u[token], self.gate_up_proj[expert]).split(self.width, dim=-1)  # (n, I) each
-            y = F.linear(gelu(gate) * up, self.down_proj[expert])  # (n, E)
-            out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
-        return out.to(u.dtype)
-
-
-# ---------------------------------------------------------------- decoder layer (§2.6)
+# ---------------------------------------------------------------- decoder layer (§11)
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: TextConfig, layer: int) -> None:
@@ -306,15 +258,16 @@ class Gemma4Model(nn.Module):
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))
             self.per_layer_model_projection = Linear(e, lp)
             self.per_layer_projection_norm = RMSNorm(config.ple_dim, config.rms_norm_eps)
-        self.head_packed: Packed | None = None  # the tied head's own packed copy (weights.pack_weights)
+        self.head_product: Product | None = None  # the tied head's own product (weights.prepare_weights)
+        self.packing: list[Choice] = []  # the loader's packing decisions, one per (shape, dtype)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp §4)."""
+        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp/README.md §4)."""
         w = self.embed_tokens.weight
         return F.embedding(ids, w) * embed_scale(self.config.hidden_size, w.dtype)
 
     def per_layer_inputs(self, ids: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        """§2.9: ids (B, T), scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
+        """§12: ids (B, T), scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
         c = self.config
         # The table may be in the file's dtype (weights.py keeps it memory-mapped): cast the rows read.
         rows = F.embedding(ids, self.embed_tokens_per_layer.weight).to(x0.dtype)  # (B, T, L*P)
@@ -383,7 +336,7 @@ class Gemma4Model(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Post-norm hidden (..., E) -> softcapped logits (..., V) through the tied head, unscaled."""
-        logits = linear(hidden, self.embed_tokens.weight, self.head_packed)
+        logits = linear(hidden, self.embed_tokens.weight, self.head_product)
         if cap := self.config.final_logit_softcapping:
             logits = torch.tanh(logits / cap) * cap
         return logits

@@ -1,95 +1,219 @@
-"""Gemma 4's projections, `Linear` and `linear`, and the packed copies that let a CPU stream their weights.
+"""Gemma 4's projections, `Linear` and `linear`, and how the loader prepares each weight once: stacked with the
+other projections of the same input, and multiplied plain, or through a packed copy where that measures faster.
 
 Facts a reader must know:
-- A decode step multiplies every weight by 1 row, a verify of K drafts by K + 1. On a CPU both are bound
-  by reading the weight from memory, but `F.linear` (MKL, or oneDNN fed a dense weight) re-lays the
-  weight out on every call and takes a slower kernel for 2-9 rows: on the 2-core development machine a
-  (12288, 1536) float32 weight streams at ~14.5 GB/s for 1 row and ~6.5 GB/s for 5.
-- oneDNN can lay a weight out once, in its own blocked layout (`_reorder_linear_weight`), and multiply
-  by it with `_linear_pointwise`: the pair torch.compile's CPU backend emits for a linear layer. The
-  same weight then streams at ~22 GB/s for 1 row and ~14 GB/s for 5 (scripts/benchmark.py prints both).
-  Same sums in another order: ~1e-6 relative in float32.
-- A packed copy is an opaque oneDNN tensor: no views, no autograd, no state_dict. So it lives beside
-  the parameter as a plain attribute (`Linear.packed`, and the models' tied heads), and the parameter
-  stays what training, `state_dict` and other devices use. `linear` reads the copy only in inference
-  (no autograd), for a CPU input of the copy's dtype, and only while the parameter is the one it was
-  made from and unchanged since (same object, same version counter: an optimizer step or a `copy_`
-  retires it). Everything else takes `F.linear`, the plain fallback.
-- Which weights get a copy is decided in one place, `packable`. Copies are made once, after loading
-  (gemma4/weights.py `pack_weights`), never behind a caller's back.
+- A decode step multiplies every weight by 1 row, a verify of K drafts by K + 1. A small model's step is
+  bound by the cost of each call into PyTorch, a large one's by streaming its weights from memory. A plain
+  product is one `torch.matmul` on the weight's transpose, a view taken once at load (7 ATen operations;
+  `F.linear` on a 3-d input dispatches 11, its transpose among them, on every call).
+- Stacking: projections of the same input (q/k/v of a layer that computes its own K/V; gate/up) become one
+  (O1 + O2 + .., I) product, so one call and one pass over the input instead of two or three. The stacked
+  weight is made once, after loading; the parameters stay the checkpoint's tensors under their own names
+  (state_dict, strict loading, training), as views of the stacked rows where the stack is kept plain.
+- Packing: oneDNN can lay a weight out once in its own blocked layout (`_reorder_linear_weight`) and
+  multiply by it with `_linear_pointwise`: the pair torch.compile's CPU backend emits for a linear layer.
+  Whether that beats the plain product depends on the CPU and the weight: on one AVX2 machine it streamed
+  a (12288, 1536) float32 weight at ~22 GB/s against ~14 for 1 row, on an AVX-512 one it made mid-size
+  (2048, 512) weights 13-20% slower. Same sums in another order: ~1e-6 relative in float32.
+- So the rule is a measurement (`measure`): for each distinct (shape, dtype) of a model, the plain and
+  the packed product of the real weight are timed for 1 row and for K + 1 = `VERIFY_ROWS` rows, the
+  four alternating, each the best of `REPS` (minima: a neighbour's load only ever adds time), and the
+  packed copy is kept only where it is faster for both: it never slows a decode step to speed a verify
+  (on one AVX-512 CPU a (4096, 512) weight took 1.2x the plain time for 1 row and 0.6x for 5), so a
+  packed model is never slower than `pack=False` beyond the timing noise. Cost: ~10-20 ms a shape for a
+  small weight (each timing repeats the product up to ~0.2 ms), 3-5 timings of each product for a
+  large one (a few hundred ms for a (16384, 512) float32 head); the loaders report every decision and
+  its cost (`Choice`, the models' `packing`).
+- A prepared product is made from some parameters and serves only while they are the same tensors, with
+  autograd off and an input of its dtype. A plain product multiplies views of them (or they are views of
+  its stack), so it follows their in-place changes; a packed copy and a stacked norm weight are copies, so
+  an in-place change (an optimizer step, a `copy_`: the version counter moves) retires them. Anything else
+  takes `F.linear` on the parameters themselves: the plain fallback.
 
 Shape legend: N rows (tokens), I in features, O out features.
 """
 
 import copy
-from typing import Any
+import time
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Below a million elements (4 MiB in float32) a weight sits in the caches: a packed product saves nothing
-# there and costs oneDNN's larger per-call overhead, which dominates a small model's decode step.
-MIN_ELEMENTS = 1 << 20
+VERIFY_ROWS = 5  # K + 1 for the default K = 4: the rows of a verify the packing decision is timed for
+REPS = 5  # timings of each of the four products; the minimum of each counts
+REP_BUDGET_S = 0.1  # fewer repetitions (at least 3) where 4 x REPS products would take longer: large weights
+NO_KERNEL = "no oneDNN kernel for this device or dtype"
 ROWS_HINT = 8  # the row count oneDNN picks its layout for: verifies multiply 2-9 rows, a decode step 1
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def packable(weight: torch.Tensor, min_elements: int = MIN_ELEMENTS) -> bool:
-    """The one decision: does this weight get a packed copy? CPU, a build with oneDNN, float32 (or bfloat16
-    on a CPU with oneDNN's bfloat16 kernels: AVX-512 or AVX-NE-CONVERT; AVX2 has none), large enough."""
-    if not (ONEDNN and weight.device.type == "cpu" and weight.dim() == 2 and weight.numel() >= min_elements):
+def packable(weight: torch.Tensor) -> bool:
+    """Can this weight have a packed copy at all? CPU, a build with oneDNN, float32 (or bfloat16 on a CPU with
+    oneDNN's bfloat16 kernels: AVX-512 or AVX-NE-CONVERT; AVX2 has none). Whether it gets one is `measure`'s."""
+    if not (ONEDNN and weight.device.type == "cpu" and weight.dim() == 2):
         return False
     if weight.dtype == torch.bfloat16:
         return torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return weight.dtype == torch.float32
 
 
-class Packed:
-    """oneDNN's copy of `source` (O, I), valid while `source` is unchanged."""
-
-    def __init__(self, blocked: torch.Tensor, source: torch.Tensor) -> None:
-        self.blocked = blocked  # opaque (layout torch._mkldnn), the same numbers as source
-        self.source = source
-        self.version = source._version  # bumped by every in-place change to source
-
-    def serves(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        return (weight is self.source and weight._version == self.version and not torch.is_grad_enabled()
-                and x.dtype == self.blocked.dtype and x.device.type == "cpu")
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "Packed":
-        # The opaque tensor cannot be copied (it has no storage) and need not be: it is never written.
-        # The copy serves the copied parameter, which deepcopy makes once and finds in `memo`.
-        return Packed(self.blocked, copy.deepcopy(self.source, memo))
+def version(t: torch.Tensor) -> int:
+    """t's version counter; -1 for a tensor made under inference mode, which has none (and cannot be changed
+    in place outside it)."""
+    return -1 if t.is_inference() else t._version
 
 
-def pack(weight: torch.Tensor, values: torch.Tensor | None = None) -> Packed:
-    """A packed copy serving `weight`, laid out from `values` (the same numbers, read elsewhere: see
-    gemma4/weights.py `pack_weights` for why), or from `weight` itself."""
-    src = weight if values is None else values
-    return Packed(torch.ops.mkldnn._reorder_linear_weight(src.detach(), ROWS_HINT), weight)
+def unchanged(sources: tuple[torch.Tensor, ...], made_from: tuple[torch.Tensor, ...], versions: tuple[int, ...] | None
+              ) -> bool:
+    """Are `sources` the tensors something was made from (and, given their `versions` then, unchanged since),
+    with autograd off? Without versions, identity alone: a view of the sources follows their changes."""
+    if torch.is_grad_enabled() or len(sources) != len(made_from):
+        return False
+    for source, mine, made in zip(sources, made_from, versions or made_from):
+        if source is not mine or (versions is not None and version(source) != made):
+            return False
+    return True
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None = None) -> torch.Tensor:
-    """x (..., I) @ weight (O, I).T -> (..., O), through the packed copy when it serves (see above)."""
-    if packed is not None and packed.serves(x, weight):
-        return torch.ops.mkldnn._linear_pointwise(x, packed.blocked, None, "none", [], "")  # (..., O)
+class Prepared:
+    """A tensor the loader derived once from some parameters (a stacked norm weight): valid while `unchanged`."""
+
+    def __init__(self, sources: tuple[torch.Tensor, ...], value: torch.Tensor) -> None:
+        self.sources, self.value = sources, value
+        self.versions = tuple(version(s) for s in sources)
+
+    def serves(self, sources: tuple[torch.Tensor, ...]) -> bool:
+        return unchanged(sources, self.sources, self.versions)
+
+    def __deepcopy__(self, memo: dict) -> "Prepared":
+        return Prepared(copy.deepcopy(self.sources, memo), copy.deepcopy(self.value, memo))
+
+
+class Product:
+    """One weight (O, I), or several stacked by rows, prepared once for inference: plain (its transpose, a view)
+    or packed (oneDNN's opaque copy). Serves while its `sources` are the same tensors, unchanged."""
+
+    def __init__(self, sources: tuple[torch.Tensor, ...], weight: torch.Tensor, packed: bool,
+                 blocked: torch.Tensor | None = None) -> None:
+        self.sources = sources
+        self.versions = tuple(version(s) for s in sources)  # bumped by every in-place change to a source
+        self.shape, self.dtype, self.packed = tuple(weight.shape), weight.dtype, packed  # (O, I)
+        self.out_features = weight.shape[0]
+        # Packed: the opaque layout (no views, no autograd, no storage; `blocked` if one was already made).
+        # Plain: the (I, O) transpose, a view made once rather than per call.
+        self.operand = (blocked if blocked is not None else block(weight)) if packed else weight.t()
+
+    def serves(self, x: torch.Tensor, sources: tuple[torch.Tensor, ...]) -> bool:
+        # A plain operand is a view of the parameters (or they of it): it follows every in-place change. A
+        # packed copy is a copy: an in-place change retires it.
+        return x.dtype == self.dtype and unchanged(sources, self.sources, self.versions if self.packed else None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., I) -> (..., O)."""
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.operand, None, "none", [], "")
+        return torch.matmul(x, self.operand)  # (..., I) @ (I, O): one call from Python, folded into one mm
+
+    def __deepcopy__(self, memo: dict) -> "Product":
+        # The opaque tensor cannot be copied (it has no storage) and need not be: it is never written. The
+        # copy serves the copied parameters, which deepcopy makes once and finds in `memo`; a plain operand
+        # is a view of one of them (or of their stack), copied with its base.
+        twin = object.__new__(Product)
+        twin.__dict__ = {k: v if k == "operand" and self.packed else copy.deepcopy(v, memo)
+                         for k, v in self.__dict__.items()}
+        twin.versions = tuple(version(s) for s in twin.sources)  # the copies' own counters
+        return twin
+
+
+def block(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's opaque copy of weight (O, I), the same numbers in its blocked layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
+
+
+def linear(x: torch.Tensor, weights: torch.Tensor | tuple[torch.Tensor, ...], product: Product | None = None
+           ) -> torch.Tensor:
+    """x (..., I) @ weight (O, I).T -> (..., O); a tuple of weights is stacked by rows: (..., O1 + O2 + ..).
+    Through the loader's product when it serves (see above), else `F.linear` on the parameters."""
+    weights = weights if isinstance(weights, tuple) else (weights,)
+    if product is not None and product.serves(x, weights):
+        return product(x)
     # A weight kept in its file's dtype beside a packed copy (weights.py) is cast per call, as PLE rows are.
+    weight = torch.cat(weights) if len(weights) > 1 else weights[0]  # per call: training, or an unprepared model
     return F.linear(x, weight if weight.dtype == x.dtype else weight.to(x.dtype))
 
 
 class Linear(nn.Linear):
     """All of Gemma 4's projections: no bias (`attention_bias` is false in every release).
 
-    Called ~400 times per decoded token, so directly: nn.Module.__call__ (hook dispatch) costs ≈ 2 µs a
+    Called ~150 times per decoded token, so directly: nn.Module.__call__ (hook dispatch) costs ≈ 2 µs a
     call. Hooks on it would not run; on layers and larger modules they do.
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__(in_features, out_features, bias=False)
-        self.packed: Packed | None = None  # set by weights.pack_weights; not a parameter, not in state_dict
+        self.product: Product | None = None  # set by weights.prepare_weights; not a parameter, not in state_dict
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.packed)
+        return linear(x, self.weight, self.product)
 
     __call__ = forward  # no hook dispatch, see above
+
+
+# ---------------------------------------------------------------- the packing decision
+
+class Choice(NamedTuple):
+    """One (shape, dtype)'s decision, with what it was based on and what it cost the load."""
+    shape: tuple[int, int]
+    dtype: str
+    packed: bool
+    plain_s: tuple[float, float] | None  # seconds of one product of 1 row and of VERIFY_ROWS rows; None: not timed
+    packed_s: tuple[float, float] | None
+    cost_s: float  # time spent deciding, layout included
+    why: str
+
+
+def _seconds(product: Product, x: torch.Tensor, repeat: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        product(x)
+    return (time.perf_counter() - start) / repeat
+
+
+@torch.inference_mode()
+def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS
+            ) -> tuple[Choice, torch.Tensor | None]:
+    """Plain against packed on this weight (O, I) for 1 and `rows` rows, interleaved, best of `reps` each (fewer
+    for a weight whose product takes milliseconds). Returns the decision and the packed layout it timed."""
+    start = time.perf_counter()
+    name = str(weight.dtype).removeprefix("torch.")
+    if not packable(weight):
+        return Choice(tuple(weight.shape), name, False, None, None, 0.0, NO_KERNEL), None
+    ways = {"plain": Product((), weight, False), "packed": Product((), weight, True)}
+    xs = [torch.randn(n, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+          for n in (1, rows)]  # (1, I), (rows, I)
+    for product in ways.values():  # oneDNN creates its kernel on the first call; the plain path warms its caches
+        for x in xs:
+            product(x)
+    # Repeat each product to about 0.2 ms, so that a small weight's few microseconds are above the timer's noise.
+    once = _seconds(ways["plain"], xs[0], 1)
+    repeat = max(1, min(64, int(2e-4 / max(once, 1e-7))))
+    reps = max(3, min(reps, int(REP_BUDGET_S / (4 * once))))  # E2B's largest weights: a few ms a product
+    best = {(way, i): float("inf") for way in ways for i in range(2)}
+    for rep in range(reps):
+        order = [(way, i) for way in ways for i in range(2)]
+        for way, i in order if rep % 2 == 0 else reversed(order):
+            best[way, i] = min(best[way, i], _seconds(ways[way], xs[i], repeat))
+    plain, packed = (best["plain", 0], best["plain", 1]), (best["packed", 0], best["packed", 1])
+    faster = packed[0] < plain[0] and packed[1] < plain[1]
+    why = f"packed takes {packed[0] / plain[0]:.2f}x / {packed[1] / plain[1]:.2f}x the plain time for 1 / {rows} rows"
+    blocked = ways["packed"].operand if faster else None
+    return Choice(tuple(weight.shape), name, faster, plain, packed, time.perf_counter() - start, why), blocked
+
+
+def forced(weight: torch.Tensor, pack: bool) -> Choice:
+    """A decision taken without timing: `pack` where a packed copy is possible (tests force both branches)."""
+    packed = pack and packable(weight)
+    return Choice(tuple(weight.shape), str(weight.dtype).removeprefix("torch."), packed, None, None, 0.0,
+                  "forced" if packable(weight) else NO_KERNEL)

@@ -1,4 +1,4 @@
-"""Tokenizer, the Gemma 4 chat template (written by token ids) and stop ids (spec gemma4.md §5).
+"""Tokenizer, the Gemma 4 chat template (written by token ids) and stop ids (gemma4/README.md §18).
 
 - `tokenizer.json` is read with the `tokenizers` library; no other tokenizer code runs.
 - One rendering for a single prompt and for a conversation: `render` writes every turn by the

@@ -1,6 +1,6 @@
 """Loading the official safetensors checkpoints: one explicit name table and a streaming loader.
 
-Facts a reader must know (spec gemma4.md §3):
+Facts a reader must know (gemma4/README.md §17):
 - Official targets are multimodal files: text tensors start with `model.language_model.`, and the
   vision/audio towers beside them are never read. A bare text file uses the prefix `model.`.
 - A checkpoint is one `model.safetensors` or shards listed in `model.safetensors.index.json`.
@@ -13,9 +13,10 @@ Facts a reader must know (spec gemma4.md §3):
   it keeps the file's dtype and stays memory-mapped; rows are cast when looked up (a cast commutes with
   a row lookup, so the numbers are the same). A bfloat16 E2B run in float32 so skips a 9.4 GB copy.
 - Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
-- On the CPU the loaders then pack every large projection and the tied head once for oneDNN
-  (gemma4/packing.py), each read through a mapping of its own so that the packed copy replaces the
-  file's pages in resident memory instead of doubling them (`pack_weights`). `pack=False` skips it.
+- The loaders then prepare every projection once (`prepare_weights`, gemma4/packing.py): q/k/v and gate/up
+  stacked, and on the CPU a packed copy where timing it on this machine says so (`pack=False`: never),
+  each read through a mapping of its own so that what is kept replaces the file's pages in resident
+  memory instead of doubling them.
 """
 
 import json
@@ -27,8 +28,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from gemma4.config import ConfigError, TextConfig, read_json, text_config_from_dict, text_fields
-from gemma4.model import Gemma4Model
-from gemma4.packing import MIN_ELEMENTS, Linear, Packed, pack, packable
+from gemma4.model import MLP, Attention, Gemma4Model
+from gemma4.packing import VERIFY_ROWS, Choice, Linear, Prepared, Product, forced, measure
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -214,51 +215,100 @@ def read_state_dict(
     return state
 
 
-def pack_weights(
-    model: nn.Module, model_dir: Path, prefix: str, head: str | None, min_elements: int = MIN_ELEMENTS,
-) -> Packed | None:
-    """Packs, in place, the weight of every `Linear` of `model` that `packable` accepts; and returns the
-    packed copy of the tied head `head` (a key of `model`), which the model keeps as its own attribute.
+def stacks(model: nn.Module) -> list[tuple[list[str], object, str]]:
+    """Every product of `model` as the loader prepares it: (the parameter keys it stacks by rows, the module that
+    holds it, the attribute). q/k/v of a layer with its own K/V and gate/up are one product; any other
+    `Linear` is its own."""
+    out, stacked = [], set()
+    for name, module in model.named_modules():
+        pre = name + "." if name else ""
+        if isinstance(module, Attention) and not module.shared:
+            keys = ["q_proj", "k_proj"] + (["v_proj"] if module.has_v_proj else [])
+            out.append(([f"{pre}{k}.weight" for k in keys], module, "qkv"))
+        elif isinstance(module, MLP):
+            keys = ["gate_proj", "up_proj"]
+            out.append(([f"{pre}{k}.weight" for k in keys], module, "gate_up"))
+        else:
+            continue
+        stacked |= {f"{pre}{k}" for k in keys}
+    out += [([name + ".weight"], m, "product") for name, m in model.named_modules()
+            if isinstance(m, Linear) and name not in stacked]
+    return out
 
-    Memory: a weight loaded as a view of the file is left unread and its packed copy is made from the
-    same tensor read through a mapping of its own, gone once packed: pages a mapping has read stay
-    resident as long as it lives, and the model's views keep theirs alive. So resident memory holds the
-    packed copy alone, not the copy and the file's pages. A weight the loader cast (a bfloat16 file run in
-    float32) is a private copy: it is packed, then replaced by the file's view in the file's dtype (unread;
-    `linear`'s plain fallback casts it per call), so again one copy stays. The tied head cannot be
-    replaced (the embedding reads its rows in the model's dtype): a cast head keeps both.
+
+def _replace(model: nn.Module, key: str, tensor: torch.Tensor) -> None:
+    """Parameter `key` of `model` becomes `tensor` (a view of the file, or of a stack), without gradients."""
+    module, _, name = key.rpartition(".")
+    setattr(model.get_submodule(module), name, nn.Parameter(tensor, requires_grad=False))
+
+
+@torch.no_grad()
+def prepare_weights(
+    model: nn.Module, model_dir: Path, prefix: str, head: str | None, pack: bool | None = None,
+    rows: int = VERIFY_ROWS,
+) -> tuple[Product | None, list[Choice]]:
+    """Once, after loading: every product of `model` (`stacks`) made plain or packed (gemma4/packing.py), and
+    the attention norms' stacked weights. Returns the product of the tied head `head` (a key of `model`; the
+    model keeps it as its own attribute) and the packing decisions, one per (shape, dtype).
+
+    `pack`: None times plain against packed for 1 and `rows` rows and packs where packed is faster for both
+    (the loaders' default), False never packs, True packs wherever oneDNN can (tests force both branches).
+
+    Memory: each product is made from its tensors read through a mapping of their own, gone once it is made:
+    pages a mapping has read stay resident as long as it lives, and the model's views keep theirs alive.
+    - Packed: the parameters stay unread views of the file, so resident memory holds the packed copy alone.
+      A weight the loader cast (a bfloat16 file run in float32) is a private copy: it is replaced by the
+      file's view in the file's dtype (unread; `linear`'s plain fallback casts it per call). The tied head
+      cannot be replaced (the embedding reads its rows in the model's dtype): a cast head keeps both.
+    - Plain and stacked: the parameters become views of the stacked rows, so again one copy is held.
+    - Plain and alone: the parameter itself is multiplied, as loaded.
     """
     index = checkpoint_index(model_dir)
     handles = {}  # file -> the mapping the replacing views keep alive
-    owners: dict[str, Linear | None] = {name + ".weight": m for name, m in model.named_modules() if isinstance(m, Linear)}
-    if head is not None:
-        owners[head] = None
-    head_packed = None
-    for key, owner in owners.items():
-        weight = model.get_parameter(key)  # one at a time: a replaced cast is freed before the next is packed
-        if not packable(weight, min_elements):
-            continue
-        file, name = index[prefix + key], prefix + key
-        stored = _read(_open(file), file, name)  # a mapping of its own: unmapped with `stored`
-        cast = stored.dtype != weight.dtype
-        packed = pack(weight, stored.to(weight.dtype))
+    choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
+    head_product = None
+    groups = stacks(model) + ([([head], None, "")] if head is not None else [])
+    for keys, owner, attribute in groups:
+        parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
+        stored = [_read(_open(index[prefix + key]), index[prefix + key], prefix + key) for key in keys]  # own mappings
+        cast = stored[0].dtype != parts[0].dtype
+        values = torch.cat([t.to(parts[0].device, parts[0].dtype) for t in stored])  # (O1 + O2 + .., I)
         del stored
+        blocked = None
+        signature = (tuple(values.shape), values.dtype)
+        if signature not in choices:
+            if pack is None:
+                choices[signature], blocked = measure(values, rows)
+            else:
+                choices[signature] = forced(values, pack)
+        if choices[signature].packed:
+            if cast and owner is not None:
+                for key in keys:  # the file's view in its own dtype, nothing read yet
+                    file = index[prefix + key]
+                    _replace(model, key, _read(handles.setdefault(file, _open(file)), file, prefix + key))
+            product = Product(tuple(model.get_parameter(key) for key in keys), values, True, blocked)
+        elif len(keys) > 1:  # the parameters become views of the stack's rows
+            for key, rows_of_key in zip(keys, values.split([part.shape[0] for part in parts])):
+                _replace(model, key, rows_of_key)
+            product = Product(tuple(model.get_parameter(key) for key in keys), values, False)
+        else:
+            product = Product((parts[0],), parts[0], False)  # as loaded: a view of the file, or the cast copy
+        del values
         if owner is None:
-            head_packed = packed
-            continue
-        if cast:
-            handle = handles.setdefault(file, _open(file))
-            owner.weight = nn.Parameter(_read(handle, file, name), requires_grad=False)  # nothing read yet
-            packed = Packed(packed.blocked, owner.weight)
-        owner.packed = packed
-    return head_packed
+            head_product = product
+        else:
+            setattr(owner, attribute, product)
+    for module in model.modules():
+        if isinstance(module, Attention) and not module.shared:
+            module.norms = Prepared((module.q_norm.weight, module.k_norm.weight), module.norm_weights())
+    return head_product, list(choices.values())
 
 
 def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", pack: bool = True,
 ) -> Gemma4Model:
-    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients; on the CPU
-    with packed weights (`pack_weights`) unless `pack=False`."""
+    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients, its products
+    prepared (`prepare_weights`): packed on the CPU where measured faster, never with `pack=False`."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -278,9 +328,9 @@ def load_target(
     model.load_state_dict(state, strict=True, assign=True)
     del state  # the model holds every tensor now; a cast that packing replaces must not live on here
     model.eval().requires_grad_(False)
-    if pack:
-        model.head_packed = pack_weights(model, model_dir, prefix, "embed_tokens.weight")
+    model.head_product, model.packing = prepare_weights(model, model_dir, prefix, "embed_tokens.weight",
+                                                        None if pack else False)
     return model
 
 
-__all__ = ["CheckpointError", "ConfigError", "load_target", "pack_weights", "read_state_dict", "resolve_model_dir"]
+__all__ = ["CheckpointError", "ConfigError", "load_target", "prepare_weights", "read_state_dict", "resolve_model_dir"]

@@ -1,7 +1,7 @@
-"""The speculative loop over a batch of prompts: every row is its own run (spec mtp.md §7, §11b).
+"""The speculative loop over a batch of prompts: every row is its own run (mtp/README.md §7, §12).
 
 The batch-1 loop in mtp/speculative.py stays the textbook; this is the same loop over B rows beside
-it, its numbered steps the spec's, and the tests hold every row against the solo run.
+it, its numbered steps those of §7, and the tests hold every row against the solo run.
 Per-row state: the committed sequence (so t_b), the hidden h[t_b-1], a draft length and statistics;
 the cache holds a (B,) length, one per row. Facts a reader must know:
 - Row b drafts at its own position t_b over its own keys 0..t_b-1, verifies at t_b..t_b+K_b and rolls
@@ -10,9 +10,10 @@ the cache holds a (B,) length, one per row. Facts a reader must know:
   forward takes every row's block, right-padded to the longest: pads land at positions past the row's
   block, in slots that are stale after the round (the causal mask hides them; later writes overwrite).
 - A row that commits a stop id or spends its budget leaves the batch; it never stops another.
-- With a sampler per row (temperature > 0, `argmax` drafting, §11), the target's token at absolute
-  position n of row b is the keyed sample of that row's warped logits with that row's seed, as in
-  plain sampling; so row b equals its solo run (plain sampling with the same seed) token for token.
+- With a sampler per row (temperature > 0, §11), every draw of row b (the target's tokens, and with
+  `sample` drafting its drafts and acceptance uniforms) is keyed by that row's seed and the absolute
+  position alone, as in its solo run: so row b equals its solo run with the same seed token for token
+  (`argmax` drafting: plain sampling; `sample` drafting: solo sample drafting).
 
 Shape legend: B rows still in the batch, K drafts, V vocab, E target hidden, D drafter hidden.
 """
@@ -24,46 +25,67 @@ import torch
 
 from gemma4.batch import PAD, check_prompts, new_cache, per_row, prefill
 from gemma4.model import Gemma4Model
-from gemma4.sampling import SamplerConfig
+from gemma4.sampling import DRAFT, SamplerConfig, keyed_sample, warp
 from mtp.drafter import Drafter
-from mtp.speculative import DraftLength, SpecResult, SpecStats, accept_greedy, accept_keyed, target_kv
+from mtp.speculative import (
+    DraftLength, SpecResult, SpecStats, accept_greedy, accept_keyed, accept_rejection, check_sampling, target_kv,
+)
 
 
 def draft_rows(
     drafter: Drafter, target: Gemma4Model, tokens: torch.Tensor, hidden: torch.Tensor, t: torch.Tensor,
-    shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int,
-) -> torch.Tensor:
-    """Drafter.draft for every row at once: tokens (B,), hidden (B, E) at t_b - 1, positions t (B,)
-    and the target's K/V (B, K, max t, D) -> greedy drafts (B, k). Row b's query stays at t_b (§4)
-    and sees its keys 0..t_b-1 only: the mask helper hides the stale slots of shorter rows."""
+    shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, samplers: list[SamplerConfig] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Drafter.propose for every row at once: tokens (B,), hidden (B, E) at t_b - 1, positions t (B,)
+    and the target's K/V (B, K, max t, D) -> drafts (B, k) and q (B, k, V) or None. Row b's query
+    stays at t_b (§4) and sees its keys 0..t_b-1 only: the mask helper hides the stale slots of
+    shorter rows. Greedy drafts without samplers; with one per row (`sample` drafting), row b's draft
+    j is drawn from its warped q with its seed, the DRAFT stream keyed at t_b + j, as propose draws it."""
     inputs = drafter.layer_inputs(t[:, None], int(t.max()), hidden.dtype)  # masks (B, 1, 1, S), RoPE (B, 1, 1, D)
     h, token = hidden[:, None], tokens[:, None]  # (B, 1, E), (B, 1)
-    drafts = []
-    for _ in range(k):
+    positions = t.tolist()
+    drafts, probs = [], []
+    for j in range(1, k + 1):
         hn, h = drafter.step(target.embed(token), h, inputs, shared_kv)  # (B, 1, D), (B, 1, E)
-        token = drafter.greedy_token(hn[:, 0])[:, None]  # (B, 1)
+        if samplers is None:
+            token = drafter.greedy_token(hn[:, 0])[:, None]  # (B, 1)
+        else:
+            logits = drafter.logits(hn[:, 0], filler=float("-inf"))  # (B, V), the centroid filler at 0
+            q = torch.cat([warp(logits[b:b + 1], s) for b, s in enumerate(samplers)])  # (B, V)
+            token = torch.tensor([keyed_sample(q[b:b + 1], s.seed, DRAFT, [n + j])[0]
+                                  for b, (s, n) in enumerate(zip(samplers, positions))], device=t.device)[:, None]
+            probs.append(q)
         drafts.append(token)
-    return torch.cat(drafts, dim=1)  # (B, k)
+    return torch.cat(drafts, dim=1), torch.stack(probs, dim=1) if probs else None  # (B, k), (B, k, V)
 
 
-def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int) -> tuple[int, int]:
+def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int,
+           q: torch.Tensor | None) -> tuple[int, int]:
     """Step 4 for one row, by the solo loop's own rules: logits (K+1, V) of positions t+1..; returns a
-    and the token after the accepted drafts. Greedy (§7), or keyed samples with the row's seed (§11)."""
-    return accept_greedy(drafts, logits) if sampler is None else accept_keyed(drafts, logits, sampler, t)
+    and the token after the accepted drafts. Greedy (§7), keyed samples with the row's seed (§11,
+    argmax drafting), or the rejection rule against the row's q (K, V) (§11, sample drafting)."""
+    if sampler is None:
+        return accept_greedy(drafts, logits)
+    if q is not None and drafts:
+        return accept_rejection(drafts, q, logits, sampler, t)
+    return accept_keyed(drafts, logits, sampler, t)
 
 
 @torch.inference_mode()
 def speculative_generate_batch(
     target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
     draft_length: DraftLength, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
-    samplers: Sequence[SamplerConfig] | None = None,
+    samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax",
 ) -> list[SpecResult]:
-    """speculative_generate over B rows; row b's result equals its solo run's. Every row starts from
-    draft_length's value and adapts it on its own acceptances; draft_length itself is left as it is."""
+    """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and
+    `drafting`). Every row starts from draft_length's value and adapts it on its own acceptances;
+    draft_length itself is left as it is."""
     budgets, stops = per_row(max_new_tokens, stop_ids, len(prompts))
     check_prompts(target, prompts, budgets)
-    # Temperature 0 is the greedy loop itself; only `argmax` drafting (§11) runs in a batch.
-    samplers = [None if s is None or s.greedy else s for s in (samplers or [None] * len(prompts))]
+    for s in samplers or [None]:
+        check_sampling(s, drafting)
+    samplers = [None if s is None or s.greedy else s for s in (samplers or [None] * len(prompts))]  # T 0: greedy
+    sampled_drafts = drafting == "sample"
     context = target.config.max_position_embeddings
     # Room for the pads of a verify block: row b writes at most max_b K_b + 1 positions from t_b.
     longest = max(min(len(p) + n, context) for p, n in zip(prompts, budgets))
@@ -76,7 +98,7 @@ def speculative_generate_batch(
     # 0. Prefill every row in one forward; each commits its first token.
     logits, hidden = prefill(target, cache, prompts)  # (B, V), (B, E) h[t_b-1]
     device = hidden.device
-    seqs = [list(p) + [accept([], logits[b:b + 1], samplers[b], len(p) - 1)[1]] for b, p in enumerate(prompts)]
+    seqs = [list(p) + [accept([], logits[b:b + 1], samplers[b], len(p) - 1, None)[1]] for b, p in enumerate(prompts)]
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:
         # 7. Stop (checked first, as in the solo loop): a row with a stop id or a spent budget leaves.
@@ -99,11 +121,18 @@ def speculative_generate_batch(
         k_eff = [min(lengths[b].current, budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1,
                      context - len(seqs[b]) - 1) for b in rows]
 
-        # 2. Draft d_1..d_K for every row from (seq_b[t_b], h[t_b-1], position t_b); row b keeps K_b.
+        # 2. Draft d_1..d_K for every row from (seq_b[t_b], h[t_b-1], position t_b); row b keeps K_b:
+        #    the drafter's argmax, or (sample drafting) draws from its warped q.
         k = max(k_eff)
         newest = torch.tensor([seqs[b][-1] for b in rows], device=device)  # (B,) seq_b[t_b]
         kv = target_kv(cache, target, max(t))  # (B, K, max t, D): row b's keys past t_b - 1 are stale
-        drafted = draft_rows(drafter, target, newest, hidden, cache.length, kv, k).tolist() if k else [[]] * len(rows)
+        q = None
+        if k:
+            drafted, q = draft_rows(drafter, target, newest, hidden, cache.length, kv, k,
+                                    [samplers[b] for b in rows] if sampled_drafts else None)  # (B, k), (B, k, V)
+            drafted = drafted.tolist()
+        else:
+            drafted = [[]] * len(rows)
         drafts = [d[:n] for d, n in zip(drafted, k_eff)]
 
         # 3. Verify [seq_b[t_b], d_1..d_K_b] at positions t_b..t_b+K_b, all rows in one target forward.
@@ -114,7 +143,8 @@ def speculative_generate_batch(
         for i, b in enumerate(rows):
             # 4. Accept the longest prefix of row b's drafts equal to the target's own tokens.
             d = drafts[i]
-            a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i])  # the row's pads are not read
+            a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i],  # the row's pads are not read
+                             None if q is None else q[i, :len(d)])
             # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
             block = d[:a] + [last]
             for j, token in enumerate(block):

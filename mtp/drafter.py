@@ -1,6 +1,6 @@
 """The Gemma 4 MTP drafter ("assistant"): its config, model, centroid head and loader.
 
-Spec: shared/spec/mtp.md (cited as §n). Facts a reader must know:
+Design: mtp/README.md (cited as §n). Facts a reader must know:
 - The drafter has no K/V of its own: each of its 4 layers (3 sliding, 1 full) attends to the K/V the
   target already computed in its last non-shared layer of the same type (§3). It writes nothing.
 - Its input is concat(the *target's* scaled embedding of a token, a target-sized hidden state),
@@ -25,10 +25,10 @@ from gemma4.config import FULL, SLIDING, ConfigError, TextConfig, read_json, tex
 from gemma4.model import (
     DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, additive_mask, attention_mask, rope_cos_sin, rope_frequencies,
 )
-from gemma4.packing import Linear, Packed, linear
+from gemma4.packing import Choice, Linear, Product, linear
 from gemma4.sampling import DRAFT, SamplerConfig, keyed_sample, warp
 from gemma4.weights import (
-    CheckpointError, pack_weights, read_state_dict, resolve_model_dir, target_ignored, target_weight_table,
+    CheckpointError, prepare_weights, read_state_dict, resolve_model_dir, target_ignored, target_weight_table,
 )
 
 
@@ -120,7 +120,8 @@ class Drafter(nn.Module):
         self.model = DrafterBody(cfg.text)
         if cfg.use_ordered_embeddings:
             self.masked_embedding = CentroidHead(cfg)
-        self.head_packed: Packed | None = None  # the dense head's packed copy (weights.pack_weights)
+        self.head_product: Product | None = None  # the dense head's product (weights.prepare_weights)
+        self.packing: list[Choice] = []  # the loader's packing decisions, one per (shape, dtype)
 
     def layer_inputs(self, positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> dict[str, LayerInputs]:
         """RoPE at the query positions (T,) and masks over the target's keys 0..num_keys-1.
@@ -159,13 +160,13 @@ class Drafter(nn.Module):
         head = self.model.embed_tokens.weight  # (V, D)
         if hasattr(self, "masked_embedding"):
             return self.masked_embedding.logits(hn, head, filler)
-        return linear(hn, head, self.head_packed)
+        return linear(hn, head, self.head_product)
 
     def greedy_token(self, hn: torch.Tensor) -> torch.Tensor:
         """(B, D) -> (B,) the proposed token, without a full-vocabulary tensor on the centroid head."""
         if hasattr(self, "masked_embedding"):
             return self.masked_embedding.greedy(hn, self.model.embed_tokens.weight)
-        return linear(hn, self.model.embed_tokens.weight, self.head_packed).argmax(dim=-1)
+        return linear(hn, self.model.embed_tokens.weight, self.head_product).argmax(dim=-1)
 
     def draft(
         self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
@@ -241,8 +242,8 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
 def load_drafter(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", pack: bool = True,
 ) -> Drafter:
-    """The assistant of a local directory or Hub id, in eval mode, without gradients; on the CPU with packed
-    weights unless `pack=False` (gemma4/weights.py `pack_weights`; a centroid head gathers rows: no copy)."""
+    """The assistant of a local directory or Hub id, in eval mode, without gradients, its products prepared as
+    the target's (gemma4/weights.py `prepare_weights`; a centroid head gathers rows: it has no product)."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -254,7 +255,6 @@ def load_drafter(
     drafter.load_state_dict(state, strict=True, assign=True)
     del state  # see load_target
     drafter.eval().requires_grad_(False)
-    if pack:
-        head = None if cfg.use_ordered_embeddings else "model.embed_tokens.weight"
-        drafter.head_packed = pack_weights(drafter, model_dir, "", head)
+    head = None if cfg.use_ordered_embeddings else "model.embed_tokens.weight"
+    drafter.head_product, drafter.packing = prepare_weights(drafter, model_dir, "", head, None if pack else False)
     return drafter

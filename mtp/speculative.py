@@ -1,6 +1,6 @@
 """The speculative decoding loop (greedy and sampling), its statistics and its draft-length schedules.
 
-Spec: shared/spec/mtp.md §7-§8, §11. The numbered steps below are the spec's.
+Design: mtp/README.md §7-§8, §11. The numbered steps below are those of §7.
 Invariant at the start of every round: the target cache holds valid K/V for positions 0..t-1 (every
 committed token except the newest, at t), and the loop holds h[t-1], the target's post-norm hidden
 at t-1. Anything stored at positions >= t is stale and is overwritten by later writes.
@@ -14,7 +14,8 @@ Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4)
   noise keyed to its position, and a draft is kept while it equals that sample. A position's noise is
   the same in every round and in plain decoding, so the output equals plain keyed sampling token
   for token. This is the rejection rule for a one-hot q: d is kept with probability p(d), and on
-  rejection the token is a draw from p with d removed.
+  rejection the token is a draw from p with d removed. A row is warped into its candidates only
+  (gemma4/sampling.py), so a verify row costs about as much as a plain sampled one.
 - `sample` drafting: drafts are drawn from the drafter's warped q, kept iff u·q(d) < p(d), the first
   rejection replaced by a draw from normalize(max(0, p - q)), the bonus drawn from the last row
   (Leviathan et al. 2023). Exact in distribution, but not token-equal to plain sampling.
@@ -28,7 +29,7 @@ from gemma4.cache import KVCache
 from gemma4.config import FULL, SLIDING
 from gemma4.generate import check_prompt, prefill
 from gemma4.model import Gemma4Model
-from gemma4.sampling import TARGET, UNIFORM, SamplerConfig, keyed_sample, keyed_uniform, warp
+from gemma4.sampling import TARGET, UNIFORM, SamplerConfig, candidates, keyed_choice, keyed_uniform, sample
 from mtp.drafter import Drafter
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
@@ -129,9 +130,9 @@ def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
 def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
     """§11 argmax drafting: g_i is the keyed sample of warped row i at position t+1+i, exactly what
     plain sampling draws there; keep d_i while d_i == g_{i-1}. Rows past the first mismatch are
-    never warped or drawn: their tokens would be discarded (and a sample costs V noise numbers)."""
+    never warped or drawn: their tokens would be discarded."""
     for i in range(len(drafts) + 1):
-        g = keyed_sample(warp(logits[i:i + 1], sampler), sampler.seed, TARGET, [t + 1 + i])[0]
+        g = sample(logits[i:i + 1], sampler, TARGET, [t + 1 + i])[0]
         if i == len(drafts) or drafts[i] != g:
             return i, g  # the correction, or the bonus if all were accepted
 
@@ -139,17 +140,18 @@ def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig
 def accept_rejection(
     drafts: list[int], q: torch.Tensor, logits: torch.Tensor, sampler: SamplerConfig, t: int,
 ) -> tuple[int, int]:
-    """§11 sample drafting: q (K, V) the drafter's warped rows, p the target's. Keep d_i iff
-    u_i · q_i(d_i) < p_i(d_i) (strict: p = 0 is never kept), with u_i keyed to d_i's position."""
+    """§11 sample drafting: q (K, V) the drafter's warped rows, p the target's (its candidates only).
+    Keep d_i iff u_i · q_i(d_i) < p_i(d_i) (strict: p = 0 is never kept), with u_i keyed to d_i's
+    position. A rejection draws from max(0, p - q), which is 0 outside p's candidates."""
     for i, d in enumerate(drafts):
         position = t + 1 + i
-        p = warp(logits[i:i + 1], sampler)[0]  # (V,)
-        if not keyed_uniform(sampler.seed, UNIFORM, position) * float(q[i, d]) < float(p[d]):
-            residual = (p - q[i]).clamp_(min=0)  # (V,) zero at d: rejected, so q(d) > p(d)
-            residual = residual / residual.sum()
-            return i, keyed_sample(residual[None], sampler.seed, TARGET, [position])[0]
-    bonus = warp(logits[len(drafts):len(drafts) + 1], sampler)  # (1, V): the row after the last draft
-    return len(drafts), keyed_sample(bonus, sampler.seed, TARGET, [t + 1 + len(drafts)])[0]
+        ids, p = candidates(logits[i], sampler)  # (M,) each
+        p_d = p[ids == d].sum()  # p(d), 0 if d is not a candidate
+        if not keyed_uniform(sampler.seed, UNIFORM, position) * float(q[i, d]) < float(p_d):
+            residual = (p - q[i, ids]).clamp_(min=0)  # (M,) zero at d: rejected, so q(d) > p(d)
+            return i, keyed_choice(ids, residual, sampler.seed, TARGET, position)  # unnormalised: same argmax
+    bonus = len(drafts)  # the row after the last draft
+    return bonus, sample(logits[bonus:bonus + 1], sampler, TARGET, [t + 1 + bonus])[0]
 
 
 def check_sampling(sampler: SamplerConfig | None, drafting: str) -> None:

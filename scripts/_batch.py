@@ -1,4 +1,4 @@
-"""scripts/generate.py with several prompts: one batch, every row its own run (mtp.md §11b).
+"""scripts/generate.py with several prompts: one batch, every row its own run (mtp/README.md §12).
 
 - `--prompt` and `--prompt-ids` may be given several times, one row each, and `--prompts-file FILE`
   (`-`: stdin) adds text prompts: one per line, or the blocks between lines holding only `---`, which
@@ -95,8 +95,6 @@ def run_batch(
 ) -> tuple[dict, str, str]:
     """Decode the rows as one batch; returns the --json object, and otherwise the rows' text (stdout)
     and the totals (stderr)."""
-    if drafter is not None and drafting == "sample":  # (at temperature 0 check_options refused it already)
-        raise ValueError("--drafting sample runs one prompt at a time: batches draft by argmax (the default)")
     if show_drafts and not json_output:
         raise ValueError("--show-drafts has no effect here: it marks the streamed text of one prompt, and several "
                          "are printed after the run: give one prompt, or drop it")
@@ -104,15 +102,16 @@ def run_batch(
 
     def batch() -> list[tuple[list[int], Any, str]]:
         if drafter is not None:
-            out = speculative_generate_batch(model, drafter, rows, max_new_tokens, draft_length, stops, samplers)
+            out = speculative_generate_batch(model, drafter, rows, max_new_tokens, draft_length, stops, samplers,
+                                             drafting)
             return [(r.tokens, r.stats, r.finish_reason) for r in out]
         out = sample_generate_batch(model, rows, max_new_tokens, samplers, stops)
         return [(tokens, None, "stop" if tokens[-1] in stops else "length") for tokens in out]
 
     def one_after_another() -> list[list[int]]:
         if drafter is not None:
-            return [speculative_generate(model, drafter, ids, max_new_tokens, draft_length, stops, s).tokens
-                    for ids, s in zip(rows, samplers)]
+            return [speculative_generate(model, drafter, ids, max_new_tokens, draft_length, stops, s,
+                                         drafting).tokens for ids, s in zip(rows, samplers)]
         return [sample_generate(model, ids, max_new_tokens, s, stops) for ids, s in zip(rows, samplers)]
 
     start = time.perf_counter()

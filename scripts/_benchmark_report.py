@@ -1,4 +1,4 @@
-"""What scripts/benchmark.py prints: the issue's targets, met or not, and the table of one run's results.
+"""What scripts/benchmark.py prints: the table of one run's results, and the issues' goals beside the figures.
 
 It reads only the result object, the one `--json` prints, so a saved run can be printed again with
 `table(json.load(open(path)))`.
@@ -6,23 +6,36 @@ It reads only the result object, the one `--json` prints, so a saved run can be 
 
 from typing import Any
 
+from gemma4.packing import VERIFY_ROWS
+
+
+# ATen calls on main before issue #19's work (commit c9ac016), demo pair, counted by benchmark.py's own
+# `aten_calls` and `draft_step_calls` on that commit's code: the "before" printed beside this run's count.
+BEFORE_ATEN = {"ours": 4999, "ours_draft_step": 647.0}
+
 
 def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's numeric targets, each with the measured value and whether it was met."""
+    """The issue's numeric goals, each with the measured value and whether it reaches the goal."""
     out = []
 
     def goal(name: str, value: float | None, limit: float, at_least: bool) -> None:
         met = None if value is None else (value >= limit if at_least else value <= limit)
-        out.append({"goal": name, "value": value, "limit": limit, "met": met})
+        out.append({"goal": name, "value": value, "limit": limit, "at_least": at_least, "met": met})
 
-    for section in ("demo", "e2b"):
+    for section in ("demo", "bench", "e2b"):
         r = result.get(section)
         if r:
             goal(f"{section}: ours plain / transformers plain", r["ratios"].get("ours_plain/tf_plain"), 2.0, True)
             goal(f"{section}: ours speculative / transformers assisted", r["ratios"].get("ours_spec/tf_assisted"),
                  2.0, True)
+            if "ours_plain/ours_plain_pack_false" in r["ratios"]:
+                goal(f"{section}: plain decode, packed / pack=False", r["ratios"]["ours_plain/ours_plain_pack_false"],
+                     1.0, True)
             goal(f"{section}: identical tokens (1 = yes)", float(r["identical"]), 1.0, True)
-    for key, label, fraction in (("", "e2b", 0.85), ("bf16", "e2b bf16", 0.75)):
+    if result.get("demo"):
+        goal("demo: ATen calls per decode step of the target", result["demo"]["aten_calls_per_decode_step"]["ours"],
+             2500, False)
+    for key, label, fraction in (("", "e2b", 0.85), ("bf16", "e2b bf16", 0.80)):
         r = result.get(key, {}) if key else result
         if r.get("costs"):
             verify = r["costs"]["verify_over_decode"]
@@ -45,7 +58,7 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 
 def table(result: dict[str, Any]) -> str:
     lines = [f"machine: {result['machine']}"]
-    for section in ("demo", "e2b"):
+    for section in ("demo", "bench", "e2b"):
         r = result.get(section)
         if not r:
             continue
@@ -55,16 +68,23 @@ def table(result: dict[str, Any]) -> str:
                   *([f"   {r['note']}"] if r.get("note") else []),
                   f"   {'method':<32}{'tokens/s':>10}{'acceptance':>12}"]
         names = {"ours_plain": "ours, plain greedy", "ours_spec": "ours, speculative",
+                 "ours_plain_pack_false": "ours, plain greedy, pack=False",
                  "tf_plain": "transformers generate", "tf_assisted": "transformers assisted generate"}
         for name, label in names.items():
             m = r["methods"].get(name)
+            if m is None and name == "ours_plain_pack_false":
+                continue
             rate = fmt(m and m["acceptance_rate"], ".3f") if name in ("ours_spec", "tf_assisted") else ""
             lines.append(f"   {label:<32}{fmt(m and m['tokens_per_s'], '.1f'):>10}{rate:>12}")
-        lines += [f"   ratio {k:<26}{v:>10.2f}x" for k, v in r["ratios"].items()]
-        lines.append(f"   identical tokens (all four)     {'yes' if r['identical'] else 'NO'}")
+        lines += [f"   ratio {k:<36}{v:>6.2f}x" for k, v in r["ratios"].items()]
+        lines.append(f"   identical tokens (every method)  {'yes' if r['identical'] else 'no'}")
         calls = r["aten_calls_per_decode_step"]
         theirs = f"{calls['tf']} ({calls['tf'] / calls['ours']:.2f}x ours)" if "tf" in calls else "n/a"
-        lines.append(f"   ATen calls in one decode-step forward: ours {calls['ours']}, transformers {theirs}")
+        before = (f" (main before #19: {BEFORE_ATEN['ours']} and {BEFORE_ATEN['ours_draft_step']:.0f})"
+                  if section == "demo" else "")
+        lines.append(f"   ATen calls: a decode step {calls['ours']}, a draft step {calls['ours_draft_step']:.0f}{before}; "
+                     f"transformers' decode step {theirs}")
+        lines += packing_lines(r.get("packing"))
     lines += costs_lines(result.get("costs"), "float32") + bandwidth_lines(result.get("bandwidth"))
     if result.get("bf16"):
         lines += costs_lines(result["bf16"]["costs"], "bfloat16, vocabulary 262144")
@@ -80,11 +100,28 @@ def table(result: dict[str, Any]) -> str:
                       f"   peak RSS in a first forward             {m['forward_peak_over_text']:.2f}x "
                       f"(mapped file pages then resident: "
                       f"{m['after_forward']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)"]
-    lines += ["", "== targets"]
+    lines += ["", "== goals (measured in this run; each ratio compares runs taken in turns)"]
     for g in result["goals"]:
-        verdict = {True: "met", False: "NOT met", None: "not measured"}[g["met"]]
-        lines.append(f"   {g['goal']:<52}{fmt(g['value'], '.3f'):>8}  (limit {g['limit']})  {verdict}")
+        sign = {True: ">= ", False: "<= "}.get(g.get("at_least"), "")  # a goal without a direction: its limit
+        lines.append(f"   {g['goal']:<56}goal {sign}{g['limit']:<6}  {fmt(g['value'], '.3f'):>8}")
     return "\n".join(lines)
+
+
+def packing_lines(p: dict[str, Any] | None) -> list[str]:
+    """One line per (shape, dtype) the loaders decided on: the decision and its timings."""
+    if not p:
+        return []
+    unpacked = "" if p["load_s_pack_false"] is None else f", {p['load_s_pack_false']:.2f} s with pack=False"
+    lines = [f"   loading: {p['load_s']:.2f} s for the pair{unpacked}; the packing decisions took {p['decision_s']:.2f} s"]
+    for model in ("target", "assistant"):
+        for c in p[model]:
+            timed = ("" if c["plain_s"] is None else
+                     f": 1 / {VERIFY_ROWS} rows plain {c['plain_s'][0] * 1e6:.0f} / {c['plain_s'][1] * 1e6:.0f} us, "
+                     f"packed {c['packed_s'][0] * 1e6:.0f} / {c['packed_s'][1] * 1e6:.0f} us")
+            shape = "x".join(map(str, c["shape"]))
+            lines.append(f"     {model:<9} {shape:>11} {c['dtype']:<8} {'packed' if c['packed'] else 'plain':<6}{timed}"
+                         f" ({c['cost_s'] * 1e3:.0f} ms)")
+    return lines
 
 
 def costs_lines(c: dict[str, Any] | None, dtype: str) -> list[str]:

@@ -317,3 +317,19 @@ def sampling_line(target: Target, assistant: Assistant | None) -> str:
 
 def one_line(e: BaseException) -> str:
     return "error: " + " ".join(str(e).split())  # one line, whatever the message holds
+
+
+def guarded(run: Callable[[], int]) -> int:
+    """A script's whole run: whatever the user can get wrong ends as one line and exit status 2, Ctrl-C
+    as "interrupted" and 130, never a traceback."""
+    try:
+        return run()
+    except KeyboardInterrupt:  # while loading (a running decode catches its own, to print what it made)
+        print("\ninterrupted", file=sys.stderr)
+        return INTERRUPTED
+    except torch.OutOfMemoryError:
+        print("error: out of memory: try --dtype bfloat16, a smaller model, or another --device", file=sys.stderr)
+        return USAGE_ERROR
+    except (ValueError, OSError) as e:  # UsageError, and the library's CheckpointError / ConfigError
+        print(one_line(e), file=sys.stderr)
+        return USAGE_ERROR

@@ -1,7 +1,7 @@
 """Random Gemma 4 target/assistant pairs of any size, written in the official layout, tensor by tensor.
 
-The benchmark needs a pair at the real E2B dimensions (spec gemma4.md §4, mtp.md §1) without
-downloading Google's weights. Nothing here knows a tensor name: the names and shapes come from the
+The benchmark needs a pair at the real E2B dimensions (gemma4/README.md §16, mtp/README.md §1), and a mid-size one,
+without downloading Google's weights. Nothing here knows a tensor name: the names and shapes come from the
 loaders' own tables (`target_weight_table`, `drafter_weight_table`), so the files are exactly what
 `load_target` / `load_drafter` and `transformers` read.
 
@@ -38,10 +38,19 @@ ROPE = {
 
 
 def e2b_configs(vocab: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """gemma-4-E2B's text config and its assistant's (spec §4 / mtp §1), the vocabulary cut to `vocab`."""
+    """gemma-4-E2B's text config and its assistant's (gemma4/README.md §16 / mtp/README.md §1), the vocabulary cut to `vocab`."""
     target = target_config(vocab, layers=35, hidden=1536, intermediate=6144, heads=8, kv_heads=1,
                            head_dim=256, window=512, shared=20, ple_dim=256, double_wide=True)
     assistant = assistant_config(target, hidden=256, intermediate=2048, heads=4, num_centroids=2048, top_k=32)
+    return target, assistant
+
+
+def bench_configs() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A mid-size pair (16 layers of width 512, MLP 2048, the last 4 KV-shared, no PLE): weights of about 1M
+    elements, where whether packing pays depends most on the CPU."""
+    target = target_config(16384, layers=16, hidden=512, intermediate=2048, heads=8, kv_heads=2, head_dim=64,
+                           window=256, shared=4, ple_dim=0, double_wide=False)
+    assistant = assistant_config(target, hidden=256, intermediate=1024, heads=4, num_centroids=128, top_k=8)
     return target, assistant
 
 
@@ -65,7 +74,7 @@ def target_config(vocab: int, layers: int, hidden: int, intermediate: int, heads
 
 def assistant_config(target: dict[str, Any], hidden: int, intermediate: int, heads: int, num_centroids: int,
                      top_k: int) -> dict[str, Any]:
-    """A `gemma4_assistant` config.json whose 4 Q-only layers fit the target's two KV sources (mtp §1)."""
+    """A `gemma4_assistant` config.json whose 4 Q-only layers fit the target's two KV sources (mtp/README.md §1)."""
     text = {
         "model_type": "gemma4_text", "vocab_size": target["vocab_size"], "hidden_size": hidden,
         "intermediate_size": intermediate, "num_hidden_layers": 4, "layer_types": [SLIDING] * 3 + [FULL],

@@ -4,15 +4,20 @@ A `Sink` is one place the text goes: stdout, and (with --show-drafts when stdout
 stderr with the marks, so that stdout stays the generated text alone. Accepted drafts are green on a
 terminal; without colour they sit between ⟦ and ⟧, which Python source (the demo's text) never holds,
 unlike the square brackets an earlier version used.
+
+A thought (what a thinking model writes between `<|channel>` and `<channel|>`) is dimmed on a colour
+sink, and plain elsewhere.
 """
 
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from gemma4.tokenizer import Gemma4Tokenizer
+from gemma4.tokenizer import CHANNEL_END_ID, CHANNEL_START_ID, Gemma4Tokenizer
 
-GREEN, RESET = "\x1b[32m", "\x1b[0m"
+GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 OPEN, CLOSE = "⟦", "⟧"  # U+27E6, U+27E7: marks that code and prose do not use
 
 
@@ -43,6 +48,7 @@ class Stream:
         self.tokens: list[int] = []
         self.shown = 0  # characters of the text already printed
         self.open_run: set[int] = set()  # ids that do not close a run of byte tokens
+        self.thinking = False  # inside a thought: dimmed
         if tokenizer is not None:
             t = tokenizer.tokenizer
             self.open_run = {i for i, tok in t.get_added_tokens_decoder().items() if tok.special}
@@ -56,12 +62,21 @@ class Stream:
         """One committed block: accepted drafts first, then the target's own token."""
         start = 0
         while start < len(tokens):  # print runs of the same origin, so one mark holds one round's drafts
-            end = start
-            while end < len(tokens) and from_drafter[end] == from_drafter[start]:
+            end = start + 1
+            while (end < len(tokens) and from_drafter[end] == from_drafter[start]
+                   and not self.switches_thought(tokens[end - 1])):
                 end += 1
             self.tokens += tokens[start:end]
-            self.show(tokens[start:end], from_drafter[start])
+            if self.switches_thought(tokens[end - 1]):  # print the text so far in the style it had
+                self.show(tokens[start:end], from_drafter[start], final=True)
+                self.thinking = tokens[end - 1] == CHANNEL_START_ID
+            else:
+                self.show(tokens[start:end], from_drafter[start])
             start = end
+
+    @staticmethod
+    def switches_thought(token: int) -> bool:
+        return token in (CHANNEL_START_ID, CHANNEL_END_ID)
 
     def show(self, run: list[int], drafted: bool, final: bool = False) -> None:
         if not self.sinks:
@@ -78,6 +93,8 @@ class Stream:
             out = piece
             if drafted and sink.mark and piece:
                 out = f"{GREEN}{piece}{RESET}" if sink.colour else f"{OPEN}{piece}{CLOSE}"
+            if self.thinking and sink.colour and piece:
+                out = f"{DIM}{out}{RESET}"
             sink.file.write(out)
             sink.file.flush()
 
@@ -86,3 +103,15 @@ class Stream:
         for sink in self.sinks:
             sink.file.write("\n")
             sink.file.flush()
+
+
+def text_sinks(show_drafts: bool, json_output: bool, say: Callable[[str], None]) -> list[Sink]:
+    """Where the streamed text goes. On a terminal the marked text is the text; otherwise stdout gets it
+    plain and stderr the marked copy. With --show-drafts, `say` gets the legend of the marks."""
+    sinks = [] if json_output else [Sink(sys.stdout, show_drafts and sys.stdout.isatty(), colour_on(sys.stdout))]
+    if show_drafts and not sys.stdout.isatty():
+        sinks.append(Sink(sys.stderr, True, colour_on(sys.stderr)))
+    if show_drafts:
+        style = "green" if any(s.mark and s.colour for s in sinks) else "⟦between these⟧"
+        say(f"{style}: proposed by the drafter and accepted; the rest the target supplied")
+    return sinks

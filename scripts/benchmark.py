@@ -1,12 +1,16 @@
 """Speed and memory, measured side by side with `transformers` and against the hardware, in one run.
 
-    python scripts/benchmark.py                          # every section: a few minutes on 2 cores
+    python scripts/benchmark.py                          # every section: 8-20 minutes on 2 cores
     python scripts/benchmark.py --only demo --tokens 64  # one section; --json prints one object instead
 
 Sections (`--only a,b`):
-- `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, and
-  `transformers`' plain and assisted `generate` with the same assistant: tokens/s, the ratios, whether
-  all four produced the same tokens, acceptance rates.
+- `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, our plain
+  decoding of the pair loaded with `pack=False`, and `transformers`' plain and assisted `generate` with the
+  same assistant: tokens/s, the ratios, whether all produced the same tokens, acceptance rates; ATen calls
+  of a decode step and of a draft step (main's before this work beside them); the loaders' packing
+  decisions, one per (shape, dtype), and what they cost the load.
+- `bench`: the same on a random mid-size pair (16 layers of width 512, MLP 2048), written once under
+  `--e2b-dir`: weights of about a million elements, where whether packing pays depends most on the CPU.
 - `e2b`: the same on a random pair at the real E2B dimensions (the vocabulary cut to 32768 so that
   float32 fits in memory; written once under `--e2b-dir`, memory-mapped by both implementations). A
   random drafter is almost never right: its speculative rows show the cost of drafting for nothing.
@@ -16,8 +20,8 @@ Sections (`--only a,b`):
 - `bandwidth`: decode tokens/s at E2B dimensions against the bound: weight bytes per decode step over the
   bandwidth of a large copy (read + written; the best of copies taken in turns with the decode steps: a
   copy slowed by a neighbour would flatter the ratio). Ours and transformers' plain generate against it
-  (bound / transformers' tokens/s: the most any float32 decoder could gain here), and `linear` on the
-  largest weight for 1, 2, 5, 9 rows, plain and packed: a verify's cost in the products alone.
+  (bound / transformers' tokens/s: the most any float32 decoder could gain here), and the largest
+  product for 1, 2, 5, 9 rows, plain and packed: a verify's cost in the products alone.
 - `bf16`: `costs` and `bandwidth` again in bfloat16, on a random pair with E2B's full 262144-token
   vocabulary (≈ 9.5 GB written once; memory-mapped, only the rows a step reads of its PLE table resident).
 - `memory`: peak resident memory of `load_target` (packing included) in a fresh process, during loading
@@ -25,6 +29,8 @@ Sections (`--only a,b`):
   float32 (every weight cast), and the float32 one as float32.
 - `batch`, `experts` (scripts/_benchmark_batch.py): the demo pair decoding B = 1, 2, 4, 8 prompts as one
   batch against the same prompts one after another; unique MoE experts per forward against uniform routing.
+- `sampling` (scripts/_benchmark_sampling.py): one sampled row at V = 4,096 and 262,144, new and old, and
+  E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every
 method once, the order reversed on every other repetition, after one untimed warm-up; tokens/s is taken
@@ -37,7 +43,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,17 +57,20 @@ sys.path.insert(0, str(REPO / "scripts"))
 import torch  # noqa: E402
 
 from _benchmark_batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section  # noqa: E402
+from _benchmark_memory import decode_bytes, memory_section  # noqa: E402
 from _benchmark_report import goals, table  # noqa: E402
-from _random_pair import e2b_configs, random_prompt, text_prompt, write_pair  # noqa: E402
+from _benchmark_sampling import sampling_goals, sampling_section, sampling_table  # noqa: E402
+from _random_pair import bench_configs, e2b_configs, random_prompt, text_prompt, write_pair  # noqa: E402
 from _transformers_baseline import load_transformers, tf_decode_step, tf_generate  # noqa: E402
 from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
 from gemma4.config import read_json  # noqa: E402
 from gemma4.model import Gemma4Model, ModelOutput  # noqa: E402
-from gemma4.packing import Linear, linear  # noqa: E402
+from gemma4.packing import Product, packable  # noqa: E402
+from gemma4.weights import stacks  # noqa: E402
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
 from mtp.speculative import target_kv  # noqa: E402
 
-SECTIONS = ("demo", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts")
+SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling")
 DEMO = REPO / "scripts" / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -127,10 +135,27 @@ def our_decode_step(target: Gemma4Model, prompt: list[int]) -> Callable[[], Any]
 
 # ---------------------------------------------------------------- sections
 
+def loaded(target_dir: Path, assistant_dir: Path, pack: bool = True) -> tuple[Gemma4Model, Drafter, float]:
+    """The pair as the loaders give it, and the seconds loading took (the packing decisions included)."""
+    start = time.perf_counter()
+    target, drafter = load_target(target_dir, pack=pack), load_drafter(assistant_dir, pack=pack)
+    return target, drafter, time.perf_counter() - start
+
+
+def packing_report(target: Gemma4Model, drafter: Drafter, load_s: float, unpacked_load_s: float | None
+                   ) -> dict[str, Any]:
+    """The loaders' packing decisions (gemma4/packing.py), one per (shape, dtype), and what they cost the load."""
+    return {"target": [c._asdict() for c in target.packing], "assistant": [c._asdict() for c in drafter.packing],
+            "decision_s": sum(c.cost_s for c in target.packing + drafter.packing), "load_s": load_s,
+            "load_s_pack_false": unpacked_load_s}
+
+
 def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], tokens: int, reps: int, k: int,
-                 use_transformers: bool, warm_tokens: int) -> tuple[dict[str, Any], Gemma4Model, Drafter]:
-    """Our plain and speculative decoding against transformers' plain and assisted generate."""
-    target, drafter = load_target(target_dir), load_drafter(assistant_dir)
+                 use_transformers: bool, warm_tokens: int, against_unpacked: bool
+                 ) -> tuple[dict[str, Any], Gemma4Model, Drafter]:
+    """Our plain and speculative decoding against transformers' plain and assisted generate; with
+    `against_unpacked`, our plain decoding of the pair loaded with `pack=False` too."""
+    target, drafter, load_s = loaded(target_dir, assistant_dir)
     acceptance: dict[str, float] = {}
 
     def ours_spec(n: int) -> list[int]:
@@ -140,6 +165,10 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
 
     runs: dict[str, Callable[[int], list[int]]] = {
         "ours_plain": lambda n: greedy_generate(target, prompt, n), "ours_spec": ours_spec}
+    unpacked_load_s = None
+    if against_unpacked:
+        unpacked, _, unpacked_load_s = loaded(target_dir, assistant_dir, pack=False)
+        runs["ours_plain_pack_false"] = lambda n: greedy_generate(unpacked, prompt, n)
     tf = load_transformers(target_dir, assistant_dir) if use_transformers else "skipped (--no-transformers)"
     if not isinstance(tf, str):
         tf_target, tf_assistant, _ = tf
@@ -154,18 +183,30 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
     methods = {name: {"tokens_per_s": tokens / statistics.median(s), "seconds": s,
                       "acceptance_rate": acceptance.get(name)} for name, s in seconds.items()}
     pairs = [("ours_plain", "tf_plain"), ("ours_spec", "tf_assisted"), ("ours_spec", "ours_plain"),
-             ("tf_assisted", "tf_plain")]
+             ("tf_assisted", "tf_plain"), ("ours_plain", "ours_plain_pack_false")]
     speed = {name: [tokens / s for s in secs] for name, secs in seconds.items()}
     ratios = {f"{a}/{b}": median_ratio(speed[a], speed[b]) for a, b in pairs if a in speed and b in speed}
     every = [tuple(out) for outs in outputs.values() for out in outs]
-    calls = {"ours": aten_calls(lambda: our_decode_step(target, prompt))}
+    calls = {"ours": aten_calls(lambda: our_decode_step(target, prompt)),
+             "ours_draft_step": draft_step_calls(target, drafter, prompt)}
     if not isinstance(tf, str):
         calls["tf"] = aten_calls(lambda: tf_decode_step(tf[0], prompt))
     return {
         "target": str(target_dir), "assistant": str(assistant_dir), "prompt_tokens": len(prompt),
         "new_tokens": tokens, "reps": reps, "k": k, "transformers": tf if isinstance(tf, str) else tf[2],
         "methods": methods, "ratios": ratios, "identical": len(set(every)) == 1, "aten_calls_per_decode_step": calls,
+        "packing": packing_report(target, drafter, load_s, unpacked_load_s),
     }, target, drafter
+
+
+def draft_step_calls(target: Gemma4Model, drafter: Drafter, prompt: list[int]) -> float:
+    """ATen calls of one draft step: a round of 3 steps less a round of 1, halved (a round's own setup,
+    its RoPE tables and masks, cancels out)."""
+    p = len(prompt)
+    cache, out = prefilled(target, prompt, 1)
+    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, p)
+    rounds = {k: aten_calls(lambda k=k: lambda: drafter.draft(target, token, hidden, p, kv, k)) for k in (1, 3)}
+    return (rounds[3] - rounds[1]) / 2
 
 
 @torch.inference_mode()
@@ -190,16 +231,6 @@ def cost_section(target: Gemma4Model, drafter: Drafter, prompt: list[int], reps:
             "draft_round_over_decode": draft, "verify_over_decode": verify, "implied_speedup": implied}
 
 
-def decode_bytes(model: Gemma4Model) -> int:
-    """Bytes of weights one decode step reads: every parameter, the whole tied embedding (the head scores
-    every token), but of the PLE table only the token's own row."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.config.ple_dim:
-        table = model.embed_tokens_per_layer.weight  # (V, L*P)
-        total -= (table.shape[0] - 1) * table.shape[1] * table.element_size()
-    return total
-
-
 ROWS = (1, 2, 5, 9)  # a decode step multiplies 1 row, a verify of K drafts K + 1
 
 
@@ -207,8 +238,8 @@ ROWS = (1, 2, 5, 9)  # a decode step multiplies 1 row, a verify of K drafts K + 
 def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: int,
                       plain: dict[str, float | None]) -> dict[str, Any]:
     """A decode step against `dst.copy_(src)` on `mib` MiB (bytes read + written), measured in turns;
-    and how fast `linear` streams the largest weight when it multiplies 1, 2, 5 or 9 rows, plain
-    (F.linear) and through its packed copy (if the loader made one).
+    and how fast the largest product (a stack of q/k/v or gate/up weights, or one weight) streams its weight
+    when it multiplies 1, 2, 5 or 9 rows, plain and packed (where oneDNN can), whichever the loader chose.
 
     `plain` holds the plain-generate tokens/s of the e2b section, ours and transformers': set against
     the bound, transformers' figure caps the speedup any float32 implementation can have over it here.
@@ -217,20 +248,21 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     cache, _ = prefilled(target, prompt, 1)
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
-    big = max((m for m in target.modules() if isinstance(m, Linear)), key=lambda m: m.weight.numel())
-    weight = big.weight
+    dtype = target.embed_tokens.weight.dtype
+    keys = max((keys for keys, _, _ in stacks(target)), key=lambda ks: sum(target.get_parameter(k).numel() for k in ks))
+    weight = torch.cat([target.get_parameter(k).to(dtype) for k in keys])  # (O, I), as the product multiplies it
     runs: dict[str, Callable[[], Any]] = {
         "decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, p), "copy": lambda: dst.copy_(src)}
-    ways = {"plain": None} | ({"packed": big.packed} if big.packed is not None else {})
-    x = {m: torch.ones(1, m, weight.shape[1], dtype=target.embed_tokens.weight.dtype) for m in ROWS}
-    for way, packed in ways.items():
-        runs |= {f"{way}{m}": lambda m=m, packed=packed: linear(x[m], weight, packed) for m in ROWS}
+    ways = {"plain": Product((), weight, False)} | ({"packed": Product((), weight, True)} if packable(weight) else {})
+    x = {m: torch.ones(1, m, weight.shape[1], dtype=dtype) for m in ROWS}
+    for way, product in ways.items():
+        runs |= {f"{way}{m}": lambda m=m, product=product: product(x[m]) for m in ROWS}
     s, _ = interleaved(runs, reps, warm_up=runs)
     per_token = decode_bytes(target)
     # The bound's bandwidth is the best copy: a copy that a neighbour slowed down would flatter the ratio.
     bandwidth = 2 * src.nbytes / min(s["copy"])
     bound = bandwidth / per_token
-    weight_bytes = weight.numel() * x[1].element_size()  # as multiplied (a packed copy may be in another dtype)
+    weight_bytes = weight.numel() * weight.element_size()
     out = {"dtype": str(x[1].dtype).removeprefix("torch."), "copy_bytes_per_s": bandwidth, "copy_mib": mib,
            "bytes_per_token": per_token, "bound_tokens_per_s": bound,
            "decode_step_tokens_per_s": 1 / statistics.median(s["decode"]),
@@ -250,58 +282,11 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     return out
 
 
-def status_mib() -> dict[str, float]:
-    """VmRSS (resident now), VmHWM (peak resident), RssAnon (private memory), RssFile (mapped file pages)."""
-    keys = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
-    lines = Path("/proc/self/status").read_text().splitlines()
-    return {line.split(":")[0]: int(line.split()[1]) / 1024 for line in lines if line.startswith(keys)}
-
-
-def reset_peak() -> bool:
-    """Restart VmHWM from the current RSS (Linux: `echo 5 > /proc/self/clear_refs`)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def memory_child(model_dir: Path, dtype: str) -> dict[str, Any]:
-    """Runs in a fresh process: resident memory before, at the peak of loading, and after one forward."""
-    base = status_mib()
-    separate = reset_peak()
-    model = load_target(model_dir, dtype=getattr(torch, dtype))  # packed where gemma4/packing.py says so
-    loaded = status_mib()
-    # The weights as loaded: in the model's dtype, but the PLE table in the file's (weights.py). A packed
-    # weight's parameter may be the file's view in the file's dtype: its packed copy is what is held.
-    ple = getattr(model, "embed_tokens_per_layer", None)
-    text_mib = sum(p.numel() * (p.element_size() if ple is not None and p is ple.weight else getattr(torch, dtype).itemsize)
-                   for p in model.parameters()) / 2**20
-    if separate:
-        reset_peak()
-    with torch.inference_mode():
-        model.run(torch.tensor([[2, 107, 108, 109]]), num_logits=1)  # pages every weight in but the PLE rows
-    ran = status_mib()
-    return {"dtype": dtype, "text_weights_mib": text_mib, "baseline": base, "after_load": loaded,
-            "after_forward": ran, "load_peak_over_text": (loaded["VmHWM"] - base["VmRSS"]) / text_mib,
-            "forward_peak_over_text": (ran["VmHWM"] - base["VmRSS"]) / text_mib, "peaks_separate": separate}
-
-
-def memory_section(model_dir: Path, dtype: str) -> dict[str, Any]:
-    """memory_child in a fresh interpreter: nothing loaded before can hide in the peak."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import benchmark; "
-            "print(json.dumps(benchmark.memory_child(benchmark.Path(sys.argv[2]), sys.argv[3])))")
-    out = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts"), str(model_dir), dtype],
-                         capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"the memory measurement failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 # ---------------------------------------------------------------- command line
 
 def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
-         e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool) -> dict:
+         e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool,
+         sampling_vocab: int = FULL_VOCAB) -> dict:
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {threads} torch threads, "
                                          f"torch {torch.__version__}, float32 unless stated"}
@@ -310,9 +295,17 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
             say(f"demo: {target_dir}")
             prompt = text_prompt(target_dir, DEMO_PROMPT, 24)
             result["demo"], *_ = pair_section(target_dir, assistant_dir, prompt, tokens, reps,
-                                              k or assistant_k(assistant_dir), use_transformers, warm_tokens=tokens)
+                                              k or assistant_k(assistant_dir), use_transformers, warm_tokens=tokens,
+                                              against_unpacked=True)
         else:
             say(f"demo: skipped, {target_dir} has no checkpoint (train it, or pass --target/--assistant)")
+    if "bench" in sections:
+        say(f"bench: writing or reusing the random mid-size pair under {e2b_dir / 'bench'}")
+        t_dir, a_dir = write_pair(e2b_dir / "bench", *bench_configs(), torch.float32)
+        result["bench"], *_ = pair_section(t_dir, a_dir, random_prompt(t_dir, 24), tokens, reps,
+                                           k or assistant_k(a_dir), use_transformers, warm_tokens=4,
+                                           against_unpacked=True)
+        result["bench"]["note"] = "random weights, 16 layers of width 512, MLP 2048, vocabulary 16384"
     e2b_target = e2b_drafter = None
     if {"e2b", "costs", "bandwidth"} & set(sections):
         say(f"e2b: writing or reusing the random E2B-dimension pair under {e2b_dir / 'float32'}")
@@ -320,7 +313,8 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
         prompt = random_prompt(t_dir, 16)
         if "e2b" in sections:
             result["e2b"], e2b_target, e2b_drafter = pair_section(  # a short warm-up: it pages the weights in
-                t_dir, a_dir, prompt, e2b_tokens, e2b_reps, k or assistant_k(a_dir), use_transformers, warm_tokens=2)
+                t_dir, a_dir, prompt, e2b_tokens, e2b_reps, k or assistant_k(a_dir), use_transformers, warm_tokens=2,
+                against_unpacked=False)  # a second float32 E2B (≈ 9 GB) would not fit beside the first
             result["e2b"]["note"] = f"random weights, vocabulary cut from 262144 to {E2B_VOCAB}"
         else:
             e2b_target, e2b_drafter = load_target(t_dir), load_drafter(a_dir)
@@ -356,7 +350,12 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
     if "experts" in sections:
         say("experts: unique experts per MoE layer, decode, verify and batches")
         result["experts"] = experts_section()
-    result["goals"] = goals(result) + batch_goal(result)
+    if "sampling" in sections:  # scripts/_benchmark_sampling.py
+        say(f"sampling: sampled rows, and E2B-dimension bfloat16 decoding at V = {sampling_vocab}")
+        pair_root = e2b_dir / ("bfloat16-full" if sampling_vocab == FULL_VOCAB else f"bfloat16-v{sampling_vocab}")
+        result["sampling"] = sampling_section(pair_root, e2b_configs(sampling_vocab), e2b_tokens, e2b_reps, reps,
+                                              interleaved)
+    result["goals"] = goals(result) + batch_goal(result) + sampling_goals(result)
     return result
 
 
@@ -367,26 +366,30 @@ def assistant_k(assistant_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
-    p.add_argument("--target", type=Path, default=DEMO / "target")
-    p.add_argument("--assistant", type=Path, default=DEMO / "assistant")
-    p.add_argument("--tokens", type=int, default=64, help="new tokens per run in the demo section")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections, of: %(default)s")
+    p.add_argument("--target", type=Path, default=DEMO / "target", help="the demo section's target")
+    p.add_argument("--assistant", type=Path, default=DEMO / "assistant", help="the demo section's assistant")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens per run: demo, bench, batch")
     p.add_argument("--e2b-tokens", type=int, default=16, help="new tokens per run in the e2b section")
-    p.add_argument("--reps", type=int, default=7, help="timed repetitions: demo, bandwidth")
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions: demo, bench, bandwidth")
     p.add_argument("--e2b-reps", type=int, default=3, help="timed repetitions: e2b, costs, bf16")
-    p.add_argument("-k", type=int, default=None, help="drafts per round (default: the assistant's, else 4)")
+    p.add_argument("-k", type=int, default=None, help="drafts per round; None: the assistant's "
+                   "num_assistant_tokens, else 4")
     p.add_argument("--e2b-dir", type=Path, default=Path(tempfile.gettempdir()) / "gemma4-mtp-benchmark",
                    help="where the random E2B-dimension checkpoints are written once (≈ 9 + 4.5 + 9.5 GB)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, for every method alike")
     p.add_argument("--copy-mib", type=int, default=1024, help="size of the bandwidth probe")
     p.add_argument("--no-transformers", action="store_true", help="leave the transformers columns empty")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--sampling-vocab", type=int, default=FULL_VOCAB,
+                   help="the sampling section's E2B pair's vocabulary (writing the full one takes ≈ 20 GB of memory)")
     a = p.parse_args()
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
     out = main(only, a.target, a.assistant, a.tokens, a.e2b_tokens, a.reps, a.e2b_reps, a.k, a.e2b_dir, a.threads,
-               a.copy_mib, not a.no_transformers)
-    print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out))
+               a.copy_mib, not a.no_transformers, a.sampling_vocab)
+    print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out))

@@ -23,16 +23,21 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
 sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
 
-import torch  # noqa: E402
+from _startup import quiet_interrupt  # noqa: E402
 
-from _batch import run_batch, split_prompts  # noqa: E402
-from _options import (  # noqa: E402
-    DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USAGE_ERROR, ModelFlags, Parser, UsageError,
-    add_model_options, check_values, load_assistant_from, load_target_from, one_line, refuse, sampling_line,
-)
-from _stream import Sink, Stream, colour_on  # noqa: E402
-from gemma4.generate import check_prompt, sample_generate  # noqa: E402
-from mtp import SpecStats, speculative_generate  # noqa: E402
+with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
+    import torch  # noqa: E402
+
+    from _batch import run_batch, split_prompts  # noqa: E402
+    from _options import (  # noqa: E402
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
+        add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
+        sampling_line,
+    )
+    from _report import stats_json, stats_text  # noqa: E402
+    from _stream import Stream, text_sinks  # noqa: E402
+    from gemma4.generate import check_prompt, sample_generate  # noqa: E402
+    from mtp import speculative_generate  # noqa: E402
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
 # The default prompt of a model without a chat template, like the demo (a model of Python source):
@@ -41,52 +46,6 @@ CODE_PROMPT = "    def __getitem__(self, key):\n"
 
 
 # ---------------------------------------------------------------- output
-
-def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float) -> dict:
-    """The `stats` object; plain decoding runs one target forward per token and drafts nothing."""
-    forwards = stats.target_forwards if stats else len(tokens)
-    return {
-        "target_forwards": forwards,
-        "drafted": stats.drafted if stats else 0,
-        "accepted": stats.accepted if stats else 0,
-        "acceptance_rate": stats.acceptance_rate if stats else 0.0,
-        "tokens_per_forward": len(tokens) / forwards if forwards else 0.0,
-        "seconds": seconds,
-        "tokens_per_second": len(tokens) / seconds if seconds else 0.0,
-        "rounds": [{"drafted": r.drafted, "accepted": r.accepted} for r in stats.rounds] if stats else [],
-    }
-
-
-def stats_text(result: dict, stats: SpecStats | None) -> str:
-    s = result["stats"]
-    plain_kind = "plain greedy" if result["sampling"]["temperature"] == 0 else "plain sampling"
-    lines = [f"-- {'speculative' if stats else plain_kind} decoding: {len(result['tokens'])} tokens, "
-             f"finished by {result['finish_reason']}"]
-    if stats:
-        by_position = "  ".join(f"{i + 1}: {p:.0%}" for i, p in enumerate(stats.per_position_acceptance))
-        lines += [f"target forwards      {s['target_forwards']} (1 prefill + {s['target_forwards'] - 1} verifications; "
-                  f"plain decoding needs {len(result['tokens'])})",
-                  f"tokens per forward   {s['tokens_per_forward']:.2f}",
-                  f"drafted, accepted    {s['drafted']}, {s['accepted']}: acceptance rate {s['acceptance_rate']:.1%}",
-                  f"accepted by position {by_position or '-'}"]
-    else:
-        lines.append(f"target forwards      {s['target_forwards']} (one per token)")
-    lines.append(f"time                 {s['seconds']:.2f} s, {s['tokens_per_second']:.1f} tokens/s")
-    if "plain" in result:
-        p = result["plain"]
-        same = "yes" if result["identical"] else f"no: first difference at new token {first_difference(result)}"
-        if not result["identical_expected"]:
-            same += " (sample drafting: exact in distribution, its draws differ from plain sampling's by design)"
-        lines += [f"-- {plain_kind} decoding (--compare): {p['seconds']:.2f} s, {p['tokens_per_second']:.1f} tokens/s",
-                  f"identical tokens     {same}",
-                  f"speedup              {result['speedup']:.2f}x"]
-    return "\n".join(lines)
-
-
-def first_difference(result: dict) -> int:
-    a, b = result["tokens"], result["plain"]["tokens"]
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
 
 def shorten(text: str, width: int = 60) -> str:
     """The prompt's first line, cut to `width` characters, for the header."""
@@ -159,13 +118,9 @@ def main(a: ModelFlags, prompt: str | None, prompt_ids: list[int] | None, raw: b
         say(totals)
         return 0
 
-    # On a terminal the marked text is the text; otherwise stdout gets it plain and stderr the marked copy.
-    sinks = [] if json_output else [Sink(sys.stdout, a.show_drafts and sys.stdout.isatty(), colour_on(sys.stdout))]
-    if a.show_drafts and not sys.stdout.isatty():
-        sinks.append(Sink(sys.stderr, True, colour_on(sys.stderr)))
+    sinks = text_sinks(a.show_drafts, json_output, say)
     if a.show_drafts:
-        style = "green" if any(s.mark and s.colour for s in sinks) else "⟦between these⟧"
-        say(f"{style}: proposed by the drafter and accepted; the rest the target supplied\n")
+        say("")
 
     # One tiny forward first, so one-time start-up costs are not timed (nor charged to either side of --compare).
     with torch.inference_mode():
@@ -263,19 +218,12 @@ def parser() -> Parser:
 
 def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+
+    def run() -> int:
         prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file)
         return main(ModelFlags.parsed(args), prompt, prompt_ids, args.raw, args.compare, args.json_output, batch,
                     demo_target)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return INTERRUPTED
-    except torch.OutOfMemoryError:
-        print("error: out of memory: try --dtype bfloat16, a smaller model, or another --device", file=sys.stderr)
-        return USAGE_ERROR
-    except (ValueError, OSError) as e:  # UsageError, and the library's CheckpointError / ConfigError
-        print(one_line(e), file=sys.stderr)
-        return USAGE_ERROR
+    return guarded(run)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 `--out` is required, so a run never overwrites the bundled demo; weights.md has the command that
 made the committed one.
 
-What the drafter learns: from (the target's scaled embedding of a token, a hidden state) and the
+What the drafter learns (mtp/README.md §4): from (the target's scaled embedding of a token, a hidden state) and the
 target's shared K/V, the target's distribution over the next tokens. Training runs exactly the
 inference computation (`Drafter.step`), for every position of a sequence at once and unrolled over
 several draft steps, so the drafter trains on the inputs it will see:
@@ -25,7 +25,7 @@ several draft steps, so the drafter trains on the inputs it will see:
 
 Heads. The dense head `model.embed_tokens` [V, D] starts from the target's embedding (its principal
 components, so a rotation of it when D equals the target's width) and is trained with a full softmax.
-The centroid head (`use_ordered_embeddings`) is built from the target's embedding: the token
+The centroid head (`use_ordered_embeddings`, mtp/README.md §6) is built from the target's embedding: the token
 ordering is a balanced clustering of the target's embedding rows (recursive bisection along principal
 directions: exactly V/C tokens per cluster), and the centroids are trained beside the drafter as a
 classifier of clusters, on the drafter's state with gradients stopped, so they

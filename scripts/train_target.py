@@ -18,7 +18,7 @@ own head sizes and RoPE, KV sharing (the last half of the layers read the K/V of
 Per-Layer Embeddings, and the final logit softcap.
 
 The tokenizer is a byte-level BPE trained on the same files, with Gemma 4's special tokens at their
-real ids (spec gemma4.md §5) and reserved `<unusedN>` tokens filling the ids between them.
+real ids (gemma4/README.md §18) and reserved `<unusedN>` tokens filling the ids between them.
 
 Shape legend: B batch, T tokens, V vocab.
 """
@@ -42,7 +42,7 @@ from _training import (  # noqa: E402
 from gemma4.config import FULL, SLIDING, text_config_from_dict  # noqa: E402
 from gemma4.model import Gemma4Model  # noqa: E402
 
-# Gemma 4's special tokens at their real ids (spec gemma4.md §5); every other id below 107 is reserved.
+# Gemma 4's special tokens at their real ids (gemma4/README.md §18); every other id below 107 is reserved.
 SPECIAL_IDS = {
     0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>",
     49: "<tool_call|>", 50: "<|tool_response>", 51: "<tool_response|>", 52: '<|"|>', 98: "<|think|>",

@@ -1,4 +1,4 @@
-"""Batches: every row of a batch is exactly its own solo run (spec mtp.md §11b), float32, token lists `==`.
+"""Batches: every row of a batch is exactly its own solo run (mtp/README.md §12), float32, token lists `==`.
 
 Over the three tiny shapes, ragged prompts below, at and far above the sliding window (8; the
 drafter's is 6), K in {1, 2, 4, 7}, a duplicate prompt, permuted rows, a batch of one, and:
@@ -6,7 +6,8 @@ drafter's is 6), K in {1, 2, 4, 7}, a duplicate prompt, permuted rows, a batch o
   batch holds rows whose accept counts differ in every round;
 - stop ids as the first token, inside an accepted block and as the bonus; a budget ending inside a
   block; rows finishing in different rounds, down to a batch of one;
-- keyed sampling: row b equals plain sampling with seed + b;
+- keyed sampling: row b equals plain sampling with seed + b (argmax drafting), or its solo sample-drafting
+  run with seed + b (sample drafting);
 - no NaN in any logits, and every row's cache after ragged rounds equals its solo cache.
 The echo drafter (tests/checkpoints.py) against a target with halved branches is partly right.
 """
@@ -126,7 +127,7 @@ def scripted(target: Gemma4Model, rows: list[list[int]], schedules: list[Callabl
     with torch.inference_mode():
         hidden = [target.run(torch.tensor([seq])).hidden[0] for seq in rows]  # (L, E) each, cache-free
 
-    def draft(drafter, target_, tokens, h, t, shared_kv, k):  # noqa: ANN001, ANN202
+    def draft(drafter, target_, tokens, h, t, shared_kv, k, samplers=None):  # noqa: ANN001, ANN202
         out = []
         for i, pos in enumerate(t.tolist()):
             r = [j for j, hid in enumerate(hidden)
@@ -135,7 +136,7 @@ def scripted(target: Gemma4Model, rows: list[list[int]], schedules: list[Callabl
             right = rows[r[0]][pos + 1: pos + 1 + k]
             n = schedules[r[0]](pos, k)
             out.append(right[:n] + [(x + 1) % 512 for x in right[n:]])
-        return torch.tensor(out)
+        return torch.tensor(out), None
     return draft
 
 
@@ -222,6 +223,26 @@ def test_sampled_rows_equal_solo_sampling(pairs, shape: str) -> None:  # noqa: A
         assert rounds(row) == rounds(speculative_generate(target, drafter, ids, n, DraftLength(3), sampler=s))
     assert solo[3] != solo[1][:13]  # the duplicate prompt draws other tokens with its own seed
     assert sum(r.stats.accepted for r in batch) > 0
+
+
+@pytest.mark.parametrize("k", (1, 3))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sample_drafted_rows_equal_solo_sample_drafting(pairs, shape: str, k: int) -> None:  # noqa: ANN001
+    """`sample` drafting: row b == its solo sample-drafting run with seed + b, tokens and rounds."""
+    target, drafter = pairs[shape]
+    samplers = [SamplerConfig(temperature=1.0, top_k=40, top_p=0.95, seed=5 + b) for b in range(len(PROMPTS))]
+    batch = speculative_generate_batch(target, drafter, PROMPTS, BUDGETS, DraftLength(k), samplers=samplers,
+                                       drafting="sample")
+    for b, (row, ids, n, s) in enumerate(zip(batch, PROMPTS, BUDGETS, samplers)):
+        solo = speculative_generate(target, drafter, ids, n, DraftLength(k), sampler=s, drafting="sample")
+        assert row.tokens == solo.tokens, b
+        assert rounds(row) == rounds(solo), b
+        assert row.finish_reason == solo.finish_reason == "length"
+    assert batch[3].tokens != batch[1].tokens[:13]  # the duplicate prompt, its own seed
+    accepted = [a for row in batch for _, a in rounds(row)]
+    assert 0 in accepted and max(accepted) > 0  # rejections and acceptances in the same batch
+    with pytest.raises(ValueError, match="needs a temperature > 0"):
+        speculative_generate_batch(target, drafter, PROMPTS[:2], 4, DraftLength(k), drafting="sample")
 
 
 # ---------------------------------------------------------------- the cache after ragged rounds

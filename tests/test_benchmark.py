@@ -15,7 +15,7 @@ import benchmark  # noqa: E402
 from _random_pair import assistant_config, target_config  # noqa: E402
 
 PAIR_KEYS = {"target", "assistant", "prompt_tokens", "new_tokens", "reps", "k", "transformers", "methods", "ratios",
-             "identical", "aten_calls_per_decode_step"}
+             "identical", "aten_calls_per_decode_step", "packing"}
 
 
 def tiny_e2b_like(vocab: int) -> tuple[dict, dict]:
@@ -32,15 +32,26 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return target, write_assistant(root / "assistant", target, ordered_embeddings=True, echo=True)
 
 
+def tiny_bench() -> tuple[dict, dict]:
+    return tiny_e2b_like(512)
+
+
 def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(benchmark, "e2b_configs", tiny_e2b_like)
+    monkeypatch.setattr(benchmark, "bench_configs", tiny_bench)
     result = benchmark.main(list(benchmark.SECTIONS), pair[0], pair[1], tokens=6, e2b_tokens=4, reps=1, e2b_reps=1,
                             k=None, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=True)
     result = json.loads(json.dumps(result))  # the --json output is exactly this object
-    for section in ("demo", "e2b"):
+    for section in ("demo", "bench", "e2b"):
         r = result[section]
         assert PAIR_KEYS <= set(r), section
-        assert set(r["methods"]) == {"ours_plain", "ours_spec", "tf_plain", "tf_assisted"}
+        unpacked = {"ours_plain_pack_false"} if section != "e2b" else set()  # a second E2B would not fit
+        assert set(r["methods"]) == {"ours_plain", "ours_spec", "tf_plain", "tf_assisted"} | unpacked
+        assert ("ours_plain/ours_plain_pack_false" in r["ratios"]) == bool(unpacked)
+        packing = r["packing"]
+        assert packing["load_s"] > 0 and (packing["load_s_pack_false"] is not None) == bool(unpacked)
+        assert packing["target"] and all(set(c) >= {"shape", "dtype", "packed", "cost_s"} for c in packing["target"])
+        assert packing["decision_s"] == pytest.approx(sum(c["cost_s"] for c in packing["target"] + packing["assistant"]))
         assert r["identical"] is True, section
         assert r["k"] == 4  # the assistant's num_assistant_tokens
         assert all(m["tokens_per_s"] > 0 for m in r["methods"].values())
@@ -48,7 +59,7 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
         assert 0 <= r["methods"]["tf_assisted"]["acceptance_rate"] <= 1
         assert {"ours_plain/tf_plain", "ours_spec/tf_assisted"} <= set(r["ratios"])
         calls = r["aten_calls_per_decode_step"]
-        assert set(calls) == {"ours", "tf"} and calls["ours"] > 0 and calls["tf"] > 0
+        assert set(calls) == {"ours", "ours_draft_step", "tf"} and min(calls.values()) > 0
     costs = result["costs"]
     assert set(costs["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}  # JSON keys
     assert set(costs["implied_speedup"]) == {"0.5", "0.7", "0.9"}
@@ -76,17 +87,28 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
     assert result["memory_float32"]["text_weights_mib"] < result["memory_float32_file"]["text_weights_mib"]
     goals = {g["goal"]: g for g in result["goals"]}
     assert goals["demo: identical tokens (1 = yes)"]["met"] is True
-    assert all(set(g) == {"goal", "value", "limit", "met"} for g in goals.values())
+    assert all({"goal", "value", "limit", "met"} <= set(g) for g in goals.values())
+    assert all("at_least" in g for name, g in goals.items() if name.startswith(("demo:", "bench:", "e2b")))
     assert {"e2b bf16: decode / memory-bandwidth bound", "e2b: implied speedup at acceptance 0.7, best K",
-            "first-forward peak / weights as loaded (bf16)"} <= set(goals)
-    assert "== targets" in benchmark.table(result)
+            "first-forward peak / weights as loaded (bf16)", "demo: ATen calls per decode step of the target",
+            "bench: plain decode, packed / pack=False", "demo: plain decode, packed / pack=False"} <= set(goals)
+    printed = benchmark.table(result)
+    assert "== goals" in printed and "NOT" not in printed
+    assert all(f"{c['shape'][0]}x{c['shape'][1]}" in printed for c in result["demo"]["packing"]["target"])
 
 
 def test_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
     result = benchmark.main(["demo"], pair[0], pair[1], tokens=5, e2b_tokens=4, reps=1, e2b_reps=1, k=2,
                             e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
     demo = result["demo"]
-    assert set(demo["methods"]) == {"ours_plain", "ours_spec"} and demo["identical"] is True
+    assert set(demo["methods"]) == {"ours_plain", "ours_spec", "ours_plain_pack_false"} and demo["identical"] is True
     assert demo["transformers"].startswith("skipped") and demo["k"] == 2
-    assert set(demo["aten_calls_per_decode_step"]) == {"ours"}
+    assert set(demo["aten_calls_per_decode_step"]) == {"ours", "ours_draft_step"}
     assert "n/a" in benchmark.table(result)
+
+
+def test_help_shows_the_defaults() -> None:
+    import subprocess
+    out = subprocess.run([sys.executable, str(Path(benchmark.__file__)), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "(default: 64)" in out.stdout and "(default: 7)" in out.stdout and "bench" in out.stdout

@@ -172,8 +172,9 @@ def test_stream_marks_drafts_and_matches_json(pair: tuple[Path, Path], capsys: p
 
 
 def test_stream_marks_and_byte_runs(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    stream_module = importlib.import_module("_stream")  # scripts/ is on the path once generate.py is loaded
     tokenizer = Gemma4Tokenizer(pair[0] / "tokenizer.json")
-    stream = generate.Stream(tokenizer, [generate.Sink(sys.stdout, mark=True, colour=False)])
+    stream = stream_module.Stream(tokenizer, [stream_module.Sink(sys.stdout, mark=True, colour=False)])
     h, i, space, e2, e3, x82, xac, eos = (tokenizer.tokenizer.token_to_id(p) for p in
                                           ("h", "i", "▁", "<0xE2>", "<0xE3>", "<0x82>", "<0xAC>", "<eos>"))
     stream.commit([h, i, space], [True, True, False])  # two accepted drafts, then the target's token
@@ -186,7 +187,7 @@ def test_stream_marks_and_byte_runs(pair: tuple[Path, Path], capsys: pytest.Capt
     stream.finish()
     assert capsys.readouterr().out == "\ufffdh\n"
     assert stream.text() == "hi €h\ufffdh"
-    generate.Stream(tokenizer, [generate.Sink(sys.stdout, mark=True, colour=True)]).commit([h, i], [True, False])
+    stream_module.Stream(tokenizer, [stream_module.Sink(sys.stdout, mark=True, colour=True)]).commit([h, i], [True, False])
     assert capsys.readouterr().out == "\x1b[32mh\x1b[0mi"
 
 

@@ -24,9 +24,11 @@ def single(capsys: pytest.CaptureFixture, args: list[str]) -> dict:
     return json.loads(out)
 
 
-def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+@pytest.mark.parametrize("drafting", ("argmax", "sample"))
+def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixture,  # noqa: F811
+                                               drafting: str) -> None:
     texts = ["hi", "tell me about foxes", "hi"]
-    sampled = [*common(pair), "--temperature", "0.9", "--top-k", "20"]
+    sampled = [*common(pair), "--temperature", "0.9", "--top-k", "20", "--drafting", drafting]
     status, out, err = run_inprocess(capsys, [*sampled, "--seed", "7", *[x for t in texts for x in ("--prompt", t)],
                                               "--json"])
     assert status == 0, err
@@ -75,7 +77,6 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
     ("missing file", "cannot read --prompts-file"),
     ("empty prompt", "one of the prompts is empty"),
     ("ids and file", "give --prompt with it, not --prompt-ids"),
-    ("sample drafting", "batches draft by argmax"),
     ("show-drafts", "--show-drafts has no effect here"),
 ])
 def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: str, expected: str) -> None:  # noqa: F811
@@ -87,7 +88,6 @@ def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: 
         "missing file": ["--prompts-file", str(tmp_path / "nowhere.txt")],
         "empty prompt": ["--prompt", "hi", "--prompt", " "],
         "ids and file": ["--prompt-ids", "2,3", "--prompts-file", str(file)],
-        "sample drafting": ["--prompts-file", str(file), "--temperature", "1", "--drafting", "sample"],
         "show-drafts": ["--prompts-file", str(file), "--show-drafts"],
     }[case]
     status, out, err = run_inprocess(capsys, [*common(pair), *args])

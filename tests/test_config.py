@@ -1,5 +1,5 @@
-"""config.json parsing: the released configurations resolve to the geometry of spec gemma4.md §1.3-§1.4 and
-§4, both serialisation forms agree, and inconsistent configs are rejected with the field named."""
+"""config.json parsing: the released configurations resolve to the geometry of gemma4/README.md §2-§3 and
+§16, both serialisation forms agree, and inconsistent configs are rejected with the field named."""
 
 import json
 
@@ -14,7 +14,7 @@ ROPE = {
 
 
 def released(name: str) -> dict:
-    """The text_config of the four released targets, as spec §4 tabulates them (official form)."""
+    """The text_config of the four released targets, as gemma4/README.md §16 tabulates them (official form)."""
     common = {"vocab_size": 262144, "head_dim": 256, "global_head_dim": 512, "rms_norm_eps": 1e-6,
               "final_logit_softcapping": 30.0, "rope_parameters": ROPE, "model_type": "gemma4_text"}
     shapes = {
@@ -44,7 +44,7 @@ def released(name: str) -> dict:
 ])
 def test_released_kv_sources(name: str, sources: tuple[int, int], first_shared: int) -> None:
     c = text_config_from_dict(released(name))
-    assert (c.kv_source(SLIDING), c.kv_source(FULL)) == sources  # spec §1.4 table
+    assert (c.kv_source(SLIDING), c.kv_source(FULL)) == sources  # gemma4/README.md §3 table
     assert c.first_shared_layer == first_shared
 
 

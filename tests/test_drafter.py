@@ -69,7 +69,7 @@ def test_a_whole_round_matches_transformers(pair) -> None:  # noqa: ANN001
 
 
 def test_first_round_of_assisted_generate(pair) -> None:  # noqa: ANN001
-    """Only the first round: later rounds differ by design (spec mtp.md §9)."""
+    """Only the first round: later rounds differ by design (mtp/README.md §9)."""
     target, drafter, tf_t, tf_a = pair
     ids = prompt(17)
     run = tf_assisted_greedy(tf_t, tf_a, ids, 24, num_assistant_tokens=4)

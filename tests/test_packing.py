@@ -1,8 +1,10 @@
-"""Packed weights (gemma4/packing.py): the same products and tokens as plain weights, and a plain fallback
-wherever a packed copy must not serve (autograd, a changed weight, a build or dtype without oneDNN).
+"""Prepared products (gemma4/packing.py, weights.prepare_weights): stacked and packed weights give the same
+products and tokens as the parameters themselves, and a plain fallback serves wherever a prepared product
+must not (autograd, a changed weight, a build or dtype without oneDNN).
 
-The test models are tiny, below `MIN_ELEMENTS`, so the loaders pack nothing by themselves: these tests
-pack every weight with `min_elements=0`, through the same `pack_weights` the loaders call."""
+Whether a weight is packed is measured at load time, so no test here depends on what the measurement
+finds: the loaders' choice is only checked for its form, and both branches are forced with `pack=True`
+(pack wherever oneDNN can) and `pack=False` (never), through the same `prepare_weights` the loaders call."""
 
 import copy
 from pathlib import Path
@@ -13,8 +15,9 @@ import torch.nn.functional as F
 
 import gemma4.packing
 from gemma4 import Gemma4Model, greedy_generate, load_target
-from gemma4.packing import MIN_ELEMENTS, Linear, linear, pack, packable
-from gemma4.weights import pack_weights
+from gemma4.model import MLP, Attention
+from gemma4.packing import Choice, Linear, Product, linear, measure, packable
+from gemma4.weights import prepare_weights
 from mtp import Drafter, DraftLength, load_drafter, speculative_generate
 from tests.checkpoints import write_assistant, write_target
 
@@ -29,27 +32,52 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return target, write_assistant(root / "assistant", target, ordered_embeddings=False, echo=True)
 
 
-def packed_pair(pair: tuple[Path, Path], dtype: torch.dtype = torch.float32) -> tuple[Gemma4Model, Drafter]:
-    """The pair with every Linear and both dense heads packed."""
+def forced_pair(pair: tuple[Path, Path], pack: bool, dtype: torch.dtype = torch.float32) -> tuple[Gemma4Model, Drafter]:
+    """The pair with every product prepared plain (pack=False) or packed wherever oneDNN can (pack=True)."""
     target, drafter = load_target(pair[0], dtype=dtype, pack=False), load_drafter(pair[1], dtype=dtype, pack=False)
-    target.head_packed = pack_weights(target, pair[0], "model.", "embed_tokens.weight", min_elements=0)
-    drafter.head_packed = pack_weights(drafter, pair[1], "", "model.embed_tokens.weight", min_elements=0)
+    if pack:  # prepared again, from the files, as the loaders would with a measurement that always favours packing
+        target.head_product, target.packing = prepare_weights(target, pair[0], "model.", "embed_tokens.weight", True)
+        drafter.head_product, drafter.packing = prepare_weights(drafter, pair[1], "", "model.embed_tokens.weight", True)
     return target, drafter
 
 
-def linears(model: torch.nn.Module) -> list[Linear]:
-    return [m for m in model.modules() if isinstance(m, Linear)]
+def unprepared(pair: tuple[Path, Path], dtype: torch.dtype = torch.float32) -> tuple[Gemma4Model, Drafter]:
+    """The pair's parameters with no product at all: every projection takes the per-call fallback."""
+    out = []
+    for model in (load_target(pair[0], dtype=dtype, pack=False), load_drafter(pair[1], dtype=dtype, pack=False)):
+        twin = copy.deepcopy(model)
+        for m in twin.modules():
+            for attribute in ("product", "qkv", "gate_up", "norms", "head_product"):
+                if hasattr(m, attribute):
+                    setattr(m, attribute, None)
+        out.append(twin)
+    return out[0], out[1]
+
+
+def products(model: torch.nn.Module) -> list[Product | None]:
+    """Every product the loader should have made: stacks, the other projections, the dense head."""
+    found = []
+    for m in model.modules():
+        if isinstance(m, Attention):
+            found += [] if m.shared else [m.qkv]
+            found += [m.o_proj.product] + ([m.q_proj.product] if m.shared else [])
+        elif isinstance(m, MLP):
+            found += [m.gate_up, m.down_proj.product]
+    stacked = {id(p) for m in model.modules() if isinstance(m, (Attention, MLP)) for p in m.children()}
+    found += [m.product for m in model.modules() if isinstance(m, Linear) and id(m) not in stacked]
+    return found + [model.head_product]
 
 
 def test_packed_and_plain_products_agree_fp32() -> None:
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(384, 256, generator=g) / 16  # (O, I)
-    packed = pack(weight)
-    for rows in ROWS:
-        x = torch.randn(1, rows, 256, generator=g)  # (B, N, I)
-        with torch.inference_mode():
-            assert packed.serves(x, weight)
-            torch.testing.assert_close(linear(x, weight, packed), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    for packed in ([False, True] if packable(weight) else [False]):
+        product = Product((weight,), weight, packed)
+        for rows in ROWS:
+            x = torch.randn(1, rows, 256, generator=g)  # (B, N, I)
+            with torch.inference_mode():
+                assert product.serves(x, (weight,))
+                torch.testing.assert_close(linear(x, weight, product), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
 def test_packed_and_plain_products_agree_bf16() -> None:
@@ -57,116 +85,176 @@ def test_packed_and_plain_products_agree_bf16() -> None:
     weight = (torch.randn(384, 256, generator=g) / 16).bfloat16()
     xs = [torch.randn(1, rows, 256, generator=g).bfloat16() for rows in ROWS]
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        # No oneDNN bfloat16 kernels on this CPU (AVX2 only): no copy is made, the plain product serves.
-        assert not packable(weight, min_elements=0)
-        assert all(torch.equal(linear(x, weight, None), F.linear(x, weight)) for x in xs)
+        # No oneDNN bfloat16 kernels on this CPU (AVX2 only): no copy can be made, the plain product serves.
+        assert not packable(weight)
+    for product in [Product((weight,), weight, False)] + ([Product((weight,), weight, True)] if packable(weight) else []):
+        for x in xs:
+            with torch.inference_mode():
+                assert product.serves(x, (weight,))
+                # bfloat16 outputs: one rounding of an fp32 sum either way, so they differ by about one ulp
+                torch.testing.assert_close(linear(x, weight, product), F.linear(x, weight), rtol=1.6e-2, atol=1e-2)
+
+
+def test_which_weights_can_be_packed() -> None:
+    weight = torch.empty(64, 64)
+    assert packable(weight) == gemma4.packing.ONEDNN
+    assert not packable(weight.double()) and not packable(weight.half()) and not packable(weight.to("meta"))
+
+
+def test_the_measurement_times_both_ways_and_packs_only_where_faster_for_both() -> None:
+    """Its form only: which way is faster is the machine's."""
+    weight = torch.randn(96, 64)
+    choice, blocked = measure(weight, rows=5, reps=2)
+    assert choice.shape == (96, 64) and choice.dtype == "float32" and choice.cost_s > 0
+    if not packable(weight):
+        assert not choice.packed and choice.plain_s is None and blocked is None
         return
-    packed = pack(weight)
-    for x in xs:
-        with torch.inference_mode():
-            assert packed.serves(x, weight)
-            # bfloat16 outputs: one rounding of an fp32 sum either way, so they differ by about one ulp
-            torch.testing.assert_close(linear(x, weight, packed), F.linear(x, weight), rtol=1.6e-2, atol=1e-2)
+    assert all(s > 0 for s in choice.plain_s + choice.packed_s)
+    assert choice.packed == all(p < q for p, q in zip(choice.packed_s, choice.plain_s))  # faster for both
+    assert (blocked is not None) == choice.packed
+    double, _ = measure(weight.double())
+    assert not double.packed and double.plain_s is None  # nothing to time without a kernel
 
 
-def test_which_weights_are_packed() -> None:
-    big, small = torch.empty(MIN_ELEMENTS // 1024, 1024), torch.empty(64, 64)
-    assert packable(big) and not packable(small) and packable(small, min_elements=0)
-    assert not packable(big.double()) and not packable(big.half()) and not packable(big.to("meta"))
+def test_the_loaders_report_one_decision_per_shape(pair: tuple[Path, Path]) -> None:
+    for target in (load_target(pair[0]), load_target(pair[0], pack=False)):
+        choices = {(c.shape, c.dtype): c for c in target.packing}
+        assert len(choices) == len(target.packing) and all(isinstance(c, Choice) for c in target.packing)
+        for product in products(target):  # each product follows the decision of its (shape, dtype)
+            assert product.packed == choices[product.shape, "float32"].packed
+    assert all(not c.packed and c.why == "forced" for c in target.packing) or not gemma4.packing.ONEDNN
 
 
-def test_a_changed_weight_retires_its_packed_copy() -> None:
-    weight = torch.randn(48, 32)
-    packed = pack(weight)
-    x = torch.randn(3, 32)
-    with torch.no_grad():
-        assert packed.serves(x, weight)
-        weight.mul_(2)  # an optimizer step, a copy_: the version counter moves
-        assert not packed.serves(x, weight)
-        assert torch.equal(linear(x, weight, packed), F.linear(x, weight))
-        assert not packed.serves(x, weight.clone())  # another tensor, even with the same numbers
-        assert not packed.serves(x.double(), weight)
-    assert not packed.serves(x, weight) and torch.is_grad_enabled()  # autograd: always the plain product
+def test_stacks_hold_q_k_v_and_gate_up_as_views(pair: tuple[Path, Path]) -> None:
+    """Plain stacks: the parameters become views of the stacked rows, so the weights are held once."""
+    target, _ = forced_pair(pair, pack=False)
+    attention = next(m for m in target.modules() if isinstance(m, Attention) and not m.shared)
+    stack = attention.qkv.operand.t()  # ((H+2K)*D, E)
+    q, k = attention.q_proj.weight, attention.k_proj.weight
+    assert q.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+    assert torch.equal(stack[:q.shape[0]], q) and torch.equal(stack[q.shape[0]:q.shape[0] + k.shape[0]], k)
+    mlp = next(m for m in target.modules() if isinstance(m, MLP))
+    assert mlp.gate_up.operand.shape == (mlp.gate_proj.in_features, 2 * mlp.width)
+    assert all(m.qkv is None for m in target.modules() if isinstance(m, Attention) and m.shared)
 
 
-def test_packed_model_gives_the_same_tokens(pair: tuple[Path, Path]) -> None:
-    plain_target, plain_drafter = load_target(pair[0], pack=False), load_drafter(pair[1], pack=False)
-    target, drafter = packed_pair(pair)
-    assert all(m.packed is not None for m in linears(target) + linears(drafter))
-    assert target.head_packed is not None and drafter.head_packed is not None
-    assert all(m.packed is None for m in linears(plain_target))
+@pytest.mark.parametrize("pack", [False, True])
+def test_prepared_models_give_the_same_logits_and_tokens(pair: tuple[Path, Path], pack: bool) -> None:
+    raw_target, raw_drafter = unprepared(pair)
+    target, drafter = forced_pair(pair, pack)
+    assert all(p is not None for p in products(target) + products(drafter))
+    assert all(p.packed == (pack and gemma4.packing.ONEDNN) for p in products(target) + products(drafter))
     with torch.inference_mode():
-        torch.testing.assert_close(target(torch.tensor([PROMPT])), plain_target(torch.tensor([PROMPT])))
-    plain = greedy_generate(plain_target, PROMPT, 24)
+        torch.testing.assert_close(target(torch.tensor([PROMPT])), raw_target(torch.tensor([PROMPT])))
+    plain = greedy_generate(raw_target, PROMPT, 24)
     assert greedy_generate(target, PROMPT, 24) == plain
     for k in (1, 4):
         ours = speculative_generate(target, drafter, PROMPT, 24, DraftLength(k))
-        theirs = speculative_generate(plain_target, plain_drafter, PROMPT, 24, DraftLength(k))
+        theirs = speculative_generate(raw_target, raw_drafter, PROMPT, 24, DraftLength(k))
         assert ours.tokens == plain and ours.stats.rounds == theirs.stats.rounds
 
 
-def test_packing_leaves_the_state_dict_alone(pair: tuple[Path, Path]) -> None:
-    plain = load_target(pair[0], pack=False).state_dict()
-    target, _ = packed_pair(pair)
+@pytest.mark.parametrize("pack", [False, True])
+def test_preparing_leaves_the_state_dict_alone(pair: tuple[Path, Path], pack: bool) -> None:
+    """Official names and values, and strictly loadable into a model built from scratch."""
+    raw = unprepared(pair)[0].state_dict()
+    target, _ = forced_pair(pair, pack)
     state = target.state_dict()
-    assert list(state) == list(plain)
-    assert all(torch.equal(state[k], plain[k]) for k in plain)
+    assert list(state) == list(raw)
+    assert all(torch.equal(state[k], raw[k]) for k in raw)
+    with torch.device("meta"):
+        fresh = Gemma4Model(target.config)
+    fresh.load_state_dict({k: v.clone() for k, v in state.items()}, strict=True, assign=True)
 
 
-def test_a_bf16_file_run_in_fp32_keeps_one_copy(pair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_bf16_file_run_in_fp32_keeps_one_copy(tmp_path: Path) -> None:
     """A cast weight is replaced by the file's (bfloat16) view once packed; the fallback casts it per call."""
     path = write_target(tmp_path / "bf16", "e2b", dtype=torch.bfloat16, multimodal=False)
     plain = load_target(path, pack=False)
     target = load_target(path, pack=False)
-    target.head_packed = pack_weights(target, path, "model.", "embed_tokens.weight", min_elements=0)
+    target.head_product, _ = prepare_weights(target, path, "model.", "embed_tokens.weight", pack=True)
     q = target.layers[0].self_attn.q_proj
-    if gemma4.packing.packable(plain.layers[0].self_attn.q_proj.weight, min_elements=0):
-        assert q.weight.dtype == torch.bfloat16 and q.packed.blocked.dtype == torch.float32
+    if gemma4.packing.ONEDNN:
+        assert q.weight.dtype == torch.bfloat16 and target.layers[0].self_attn.qkv.dtype == torch.float32
         assert target.embed_tokens.weight.dtype == torch.float32  # the embedding reads rows in fp32
     assert greedy_generate(target, PROMPT, 16) == greedy_generate(plain, PROMPT, 16)
     x = torch.randn(1, 2, q.in_features)
-    torch.testing.assert_close(F.linear(x, q.weight.float()), plain.layers[0].self_attn.q_proj(x))  # the fallback
+    with torch.inference_mode():
+        torch.testing.assert_close(q(x), plain.layers[0].self_attn.q_proj(x))  # the fallback, cast per call
 
 
-def test_training_a_packed_model(pair: tuple[Path, Path]) -> None:
-    """Autograd takes the plain product; the optimizer's in-place step retires every packed copy."""
-    target, _ = packed_pair(pair)
+@pytest.mark.parametrize("pack", [False, True])
+def test_training_a_prepared_model(pair: tuple[Path, Path], pack: bool) -> None:
+    """Autograd multiplies the parameters (stacked per call); the optimizer's step retires every copy (packed
+    products, norm tables), while a plain product, made of views, multiplies the new weights."""
+    target, _ = forced_pair(pair, pack)
     target.train().requires_grad_(True)
     optimizer = torch.optim.SGD(target.parameters(), lr=1e-2)
     ids = torch.tensor([PROMPT])
     before = F.cross_entropy(target(ids)[0, :-1], ids[0, 1:])
     before.backward()
-    assert all(m.weight.grad is not None for m in linears(target))
+    assert all(m.weight.grad is not None for m in target.modules() if isinstance(m, Linear))
+    assert all(m.q_norm.weight.grad is not None for m in target.modules() if isinstance(m, Attention))
     optimizer.step()
     target.eval()
     with torch.inference_mode():
         x = torch.randn(1, 1, target.config.hidden_size)
-        q = target.layers[0].self_attn.q_proj
-        assert not q.packed.serves(x, q.weight)
-        assert torch.equal(q(x), F.linear(x, q.weight))
+        attention = target.layers[0].self_attn
+        assert attention.qkv.serves(x, attention.qkv_weights()) == (not attention.qkv.packed)
+        assert not attention.norms.serves((attention.q_norm.weight, attention.k_norm.weight))
+        torch.testing.assert_close(linear(x, attention.qkv_weights(), attention.qkv),
+                                   F.linear(x, torch.cat(attention.qkv_weights())), rtol=1e-5, atol=1e-6)
         after = F.cross_entropy(target(ids)[0, :-1], ids[0, 1:])
     assert after < before  # the step took effect: the new weights are the ones multiplied
 
 
-def test_a_copied_model_packs_its_own_weights(pair: tuple[Path, Path]) -> None:
-    target, _ = packed_pair(pair)
+@pytest.mark.parametrize("packed", [False, True] if gemma4.packing.ONEDNN else [False])
+def test_a_changed_or_replaced_weight(packed: bool) -> None:
+    """A packed copy retires when its weight changes in place; a plain product follows the change."""
+    weight = torch.randn(48, 32)
+    product = Product((weight,), weight, packed)
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert product.serves(x, (weight,))
+        weight.mul_(2)  # an optimizer step, a copy_: the version counter moves
+        assert product.serves(x, (weight,)) == (not packed)
+        torch.testing.assert_close(linear(x, weight, product), F.linear(x, weight))
+        assert not product.serves(x, (weight.clone(),))  # another tensor, even with the same numbers
+        assert not product.serves(x.double(), (weight,))
+    assert not product.serves(x, (weight,))  # autograd: always the plain product
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_a_copied_model_prepares_its_own_weights(pair: tuple[Path, Path], pack: bool) -> None:
+    target, _ = forced_pair(pair, pack)
     twin = copy.deepcopy(target)
-    q = twin.layers[0].self_attn.q_proj
-    assert q.packed.source is q.weight and q.packed.source is not target.layers[0].self_attn.q_proj.weight
+    attention, original = twin.layers[0].self_attn, target.layers[0].self_attn
+    assert attention.qkv.sources[0] is attention.q_proj.weight and attention.q_proj.weight is not original.q_proj.weight
     with torch.inference_mode():
-        assert q.packed.serves(torch.zeros(1, q.in_features), q.weight)
+        assert attention.qkv.serves(torch.zeros(1, attention.q_proj.in_features), attention.qkv_weights())
+        assert attention.norms.serves((attention.q_norm.weight, attention.k_norm.weight))
     assert greedy_generate(twin, PROMPT, 12) == greedy_generate(target, PROMPT, 12)
 
 
 def test_without_onednn_nothing_is_packed(pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch build without oneDNN: the loaders still load, and generation and training run plain."""
-    plain = greedy_generate(load_target(pair[0], pack=False), PROMPT, 16)
+    plain = greedy_generate(unprepared(pair)[0], PROMPT, 16)
     monkeypatch.setattr(gemma4.packing, "ONEDNN", False)
     target = load_target(pair[0])
-    assert pack_weights(target, pair[0], "model.", "embed_tokens.weight", min_elements=0) is None
-    assert all(m.packed is None for m in linears(target)) and target.head_packed is None
+    assert all(not c.packed and c.plain_s is None for c in target.packing)
+    assert all(not p.packed for p in products(target))
     assert greedy_generate(target, PROMPT, 16) == plain
     target.train().requires_grad_(True)
     loss = target(torch.tensor([PROMPT])).logsumexp(-1).mean()
     loss.backward()
     assert target.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+def test_loading_under_inference_mode(pair: tuple[Path, Path]) -> None:
+    """Tensors made under inference mode have no version counter: the products must not ask for one."""
+    expected = greedy_generate(load_target(pair[0]), PROMPT, 8)
+    with torch.inference_mode():
+        target = load_target(pair[0])
+        attention = target.layers[0].self_attn
+        assert attention.norms.serves((attention.q_norm.weight, attention.k_norm.weight))
+    assert greedy_generate(target, PROMPT, 8) == expected

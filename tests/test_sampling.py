@@ -1,8 +1,12 @@
 """Sampling: the warpers, keyed noise, and argmax-drafted speculative sampling == plain sampling.
 
 - The warpers against hand-checked cases (ties at the k-th logit, the top-p boundary, temperature
-  before top-k/top-p) and against transformers' own warpers on random logits.
-- Keyed noise: a position's draw depends on (seed, position) only; the global RNG is never touched.
+  before top-k/top-p), against transformers' own warpers on random logits, and against a slow
+  reference (the full-vocabulary sort-and-softmax warp) on ties, -inf fillers and rows large enough
+  for the fast paths (two-pass top-k, value-slice top-p); numeric edges never give NaN.
+- Keyed noise: the int64 tensor hash equals splitmix64 on Python ints; a token's noise does not depend
+  on the other candidates; a position's draw depends on (seed, position) only; the global RNG is
+  never touched.
 - With `argmax` drafting, speculative sampling commits exactly the tokens of plain sampling with the
   same seed (float32), over the three tiny shapes, the three drafters of tests/pairs.py, K in
   {1, 3, 6}, the three schedules and three seeds, at T = 1 with top-k and top-p on.
@@ -16,7 +20,10 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from gemma4 import SamplerConfig, greedy_generate, sample_generate
-from gemma4.sampling import TARGET, keyed_sample, warp
+from gemma4.sampling import (
+    GOLDEN, MASK64, TARGET, UNIFORM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
+    keyed_uniform, sample, signed, stream_key, uniform_from_bits, warp,
+)
 from mtp import SCHEDULES, DraftLength, speculative_generate
 from tests.checkpoints import SHAPES
 from tests.pairs import DRAFTERS, prompt  # the `models` fixture is in conftest.py
@@ -80,9 +87,86 @@ def test_warpers_match_transformers(temperature: float, top_k: int, top_p: float
     torch.testing.assert_close(ours, theirs)
 
 
+def reference_warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
+    """The obviously-correct warp, slow: the whole vocabulary divided, masked, sorted and soft-maxed."""
+    x = logits.float()
+    x = (x - x.max(dim=-1, keepdim=True).values) / cfg.temperature  # (N, V)
+    if 0 < cfg.top_k < x.shape[-1]:
+        kth = x.topk(cfg.top_k, dim=-1).values[:, -1:]  # (N, 1)
+        x = x.masked_fill(x < kth, float("-inf"))  # ties at the k-th logit stay
+    if cfg.top_p < 1:
+        sorted_x, order = x.sort(dim=-1, stable=True)  # ascending: the removed tokens are a prefix
+        cumulative = sorted_x.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= 1 - cfg.top_p
+        remove[:, -1] = False  # the most likely token always stays
+        x = x.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    return x.softmax(dim=-1)
+
+
+def rows(v: int, n: int, seed: int) -> torch.Tensor:
+    """n rows of V logits: random (std 3), ties in blocks, and the centroid head's -inf fillers."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, v, generator=g) * 3  # (n, V)
+    x[1] = (x[1] * 2).round() / 2  # many exact ties, at every level
+    x[2] = x[2].masked_fill(torch.rand(v, generator=g) < 0.9, float("-inf"))  # a centroid-like row
+    x[3] = x[3] / 50  # nearly flat: top-p keeps most of the row
+    return x
+
+
+@pytest.mark.parametrize("v", (300, 4096, 16384))  # 300: one pass; 4096, 16384: the chunked top-k, sliced top-p
+@pytest.mark.parametrize("temperature, top_k, top_p", [
+    (1.0, 1, 1.0), (1.0, 64, 1.0), (0.7, 64, 0.95), (1.0, 0, 0.95), (1.3, 0, 0.5), (1.0, 0, 1.0), (0.8, 3, 0.9),
+    (1.0, 40, 0.5), (1.0, 1000, 0.99), (2.0, 0, 0.999),
+])
+def test_warp_equals_the_full_vocabulary_reference(v: int, temperature: float, top_k: int, top_p: float) -> None:
+    cfg = SamplerConfig(temperature, top_k, top_p)
+    logits = rows(v, 5, seed=v + top_k)
+    ours, reference = warp(logits, cfg), reference_warp(logits, cfg)
+    assert torch.equal(ours > 0, reference > 0)  # the same tokens kept, ties at both boundaries included
+    torch.testing.assert_close(ours, reference)
+    for x, row in zip(logits, ours):  # the candidates: ascending ids, the kept tokens
+        ids, probs = candidates(x, cfg)
+        assert torch.equal(ids[probs > 0], row.nonzero().flatten()) and torch.equal(probs, row[ids])
+
+
+def test_bfloat16_logits_warp_as_their_float32_copy() -> None:
+    """Only the candidates are cast to fp32: the result is the same as casting the whole row first."""
+    logits = rows(4096, 5, seed=9).bfloat16()
+    for cfg in (SamplerConfig(top_k=64, top_p=0.95), SamplerConfig(top_k=0, top_p=0.9), SamplerConfig(0.5, 0, 1.0)):
+        assert torch.equal(warp(logits, cfg), warp(logits.float(), cfg))
+
+
+def test_top_p_ties_keep_the_higher_ids_as_a_stable_sort() -> None:
+    flat = torch.zeros(1, 4)  # 0.25 each: top-p 0.5 keeps two of four equal tokens
+    assert warp(flat, SamplerConfig(top_p=0.5))[0].tolist() == [0.0, 0.0, 0.5, 0.5]
+    assert torch.equal(warp(flat, SamplerConfig(top_p=0.5)), reference_warp(flat, SamplerConfig(top_p=0.5)))
+    big = torch.zeros(1, 8192)  # a large flat row: the sliced pass must hand the ties to the exact one
+    cfg = SamplerConfig(top_p=0.25)
+    assert torch.equal(warp(big, cfg) > 0, reference_warp(big, cfg) > 0)
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.9), (5, 0.9), (0, 1e-9)])
+def test_numeric_edges_never_give_nan(top_k: int, top_p: float) -> None:
+    x = torch.tensor([[0.5, 2.0, -1.0, 2.0, 1.0, float("-inf")]])
+    one = torch.full((1, 6), float("-inf"))
+    one[0, 4] = -3.0  # all -inf but one
+    for temperature in (1e-40, 1e-45, 1e-30, 1e-3, 1.0, 1e30, 3e38):  # 1e-40, 1e-45: subnormal
+        cfg = SamplerConfig(temperature, top_k, top_p)
+        probs = warp(x, cfg)
+        assert not probs.isnan().any(), (temperature, probs)
+        assert float(probs.sum()) == pytest.approx(1.0)
+        assert warp(one, cfg)[0].tolist() == [0, 0, 0, 0, 1, 0]
+        if temperature <= 1e-30:  # far below fp32's range: the limit, the argmax (its two ties share)
+            expected = [0, 0, 0, 1, 0, 0] if top_p < 0.5 else [0, 0.5, 0, 0.5, 0, 0]  # top-p: the later tie
+            assert probs[0].tolist() == expected
+            assert sample(x, cfg, TARGET, [7])[0] in (1, 3)
+    assert kept([0.0, 5.0, 1.0], top_p=1e-9, top_k=0) == [1]
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(temperature=-1.0), "temperature must be >= 0"),
-    (dict(temperature=float("nan")), "temperature must be >= 0"),
+    (dict(temperature=float("nan")), "temperature must be >= 0 and finite"),
+    (dict(temperature=float("inf")), "temperature must be >= 0 and finite"),
     (dict(top_k=-1), "top_k must be an integer >= 0"),
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(top_p=1.5), "top_p must be in (0, 1]"),
@@ -94,6 +178,43 @@ def test_sampler_config_is_validated(bad: dict, message: str) -> None:
 
 
 # ---------------------------------------------------------------- keyed noise
+
+
+def test_tensor_hash_is_splitmix64_on_python_ints() -> None:
+    """int64 wrap-around and the masked shifts give exactly the uint64 arithmetic, on any ids."""
+    ids = torch.cat([torch.arange(300), torch.randint(0, 1 << 62, (300,), generator=torch.Generator().manual_seed(1))])
+    for seed, stream, position in ((0, TARGET, 0), (12345, UNIFORM, 999_999), ((1 << 63) - 1, TARGET, 7)):
+        key = stream_key(seed, stream, position)
+        expected = [signed(finalise((key + (x + 1) * GOLDEN) & MASK64)) for x in ids.tolist()]
+        assert keyed_bits(seed, stream, position, ids).tolist() == expected
+    # uniforms in (0, 1]: all-zero bits give the smallest, all-one bits exactly 1; never 0
+    u = uniform_from_bits(torch.tensor([0, -1, 1 << 11, signed(MASK64 ^ 0x7FF)]))  # 1 << 11: the lowest bit kept
+    assert u.tolist() == [2.0**-53, 1.0, 2 * 2.0**-53, 1.0]
+    bits = keyed_bits(3, UNIFORM, 11, torch.tensor([0]))
+    assert keyed_uniform(3, UNIFORM, 11) == float(uniform_from_bits(bits)[0])  # the same bits, on the CPU in Python
+
+
+def test_a_tokens_noise_does_not_depend_on_the_other_candidates() -> None:
+    full = exponential_noise(5, TARGET, 42, torch.arange(4096))  # (V,)
+    some = torch.tensor([7, 100, 4095, 2048])
+    assert torch.equal(exponential_noise(5, TARGET, 42, some), full[some])
+    assert (full > 0).all() and full.dtype == torch.float64
+    # so a draw from warped logits equals the draw over the whole vocabulary, and the dense form's
+    logits = rows(4096, 4, seed=3)
+    for cfg in (SamplerConfig(top_k=64, top_p=0.95), SamplerConfig(top_k=0), SamplerConfig(top_k=0, top_p=0.9)):
+        probs = reference_warp(logits, cfg)
+        positions = [10, 11, 12, 13]
+        everywhere = [int((probs[i].double() / exponential_noise(0, TARGET, n, torch.arange(4096))).argmax())
+                      for i, n in enumerate(positions)]
+        dense = keyed_sample(warp(logits, cfg), 0, TARGET, positions)
+        assert sample(logits, cfg, TARGET, positions) == everywhere == dense
+
+
+def test_an_exact_tie_goes_to_the_lowest_id() -> None:
+    ids = torch.tensor([3, 8, 9])
+    noise = exponential_noise(0, TARGET, 0, ids)  # weights equal to the noise: every score is exactly 1
+    assert keyed_choice(ids, noise, 0, TARGET, 0) == 3
+    assert keyed_choice(ids, noise * torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64), 0, TARGET, 0) == 8
 
 
 def test_keyed_draws_depend_on_seed_and_position_only() -> None:
@@ -186,7 +307,7 @@ def test_bad_drafting_is_refused(models) -> None:  # noqa: ANN001
 
 
 def test_sample_drafting_gives_the_centroid_filler_probability_zero(models) -> None:  # noqa: ANN001
-    """The centroid head scores only its candidates; for sampling the rest must get exactly 0 (§11),
+    """The centroid head scores only its candidates; for sampling the rest must get exactly 0 (mtp/README.md §11),
     not transformers' min - 1 filler, which gives every other token a small probability."""
     target, drafter = models["e2b", "echo"]  # E2B-like: centroid head, 16 centroids, top 4 -> 128 candidates
     p = prompt("long")

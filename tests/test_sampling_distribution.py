@@ -5,7 +5,7 @@ d_1, d_2 and, when both are kept, draws the bonus from the last row) is compared
 target law, enumerated on a tiny model: with top-k 3 every position has 3 possible tokens, and the
 81 sequences' probabilities are products of warped target rows (a cache-free forward per prefix).
 N runs with seeds 0..N-1 give the observed counts; Pearson's χ² over the cells, those with an
-expected count below 5 merged into one, passes iff χ² < df + 10·sqrt(2·df) (mtp.md §11).
+expected count below 5 merged into one, passes iff χ² < df + 10·sqrt(2·df) (mtp/README.md §11).
 
 Each mode also runs deliberately wrong acceptance rules (monkeypatched into mtp.speculative) and
 asserts that they fail, so the test is known to detect what it is for:
@@ -20,6 +20,9 @@ The pair: a two-layer target (`mini` in tests/checkpoints.py, seed 2: its consec
 have distinct laws, so a bonus from the wrong row shows) and an `echo` drafter, which proposes
 tokens the target often ranks in its top 3 with a raw probability below the target's, exactly where
 transformers' rule goes wrong. Run with `-s` to print every statistic.
+
+With top-k 0 every token of the vocabulary is a candidate: plain keyed draws of one row at many
+positions are tested against that row's warped law, at top-p 1 and 0.9.
 """
 
 import math
@@ -29,7 +32,7 @@ import torch
 
 import mtp.speculative as spec
 from gemma4 import SamplerConfig, load_target
-from gemma4.sampling import TARGET, UNIFORM, keyed_sample, keyed_uniform, warp
+from gemma4.sampling import TARGET, UNIFORM, keyed_sample, keyed_uniform, sample, warp
 from mtp import DraftLength, load_drafter, speculative_generate
 from tests.checkpoints import write_assistant, write_target
 from tests.pairs import prompt
@@ -168,8 +171,30 @@ def test_first_tokens_follow_the_target_law(rule: str, pair, law, monkeypatch: p
         assert chi2 >= threshold, f"the χ² test cannot tell the wrong rule {rule!r} ({chi2:.1f} < {threshold:.1f})"
 
 
+DRAWS = 4000
+TOP_P_AT_K0 = (1.0, 0.9)
+
+
+@pytest.mark.parametrize("top_p", TOP_P_AT_K0)
+def test_keyed_draws_with_every_token_a_candidate(top_p: float, pair) -> None:  # noqa: ANN001
+    """top-k 0: every token of the vocabulary is a candidate and draws noise. One row of the target's
+    logits drawn at DRAWS positions (each its own noise: i.i.d. draws) against its warped law."""
+    target, _ = pair
+    with torch.inference_mode():
+        logits = target(torch.tensor([prompt("short")]))[0, -1:]  # (1, V)
+    cfg = SamplerConfig(temperature=1.0, top_k=0, top_p=top_p)
+    probs = warp(logits, cfg)[0]  # (V,)
+    assert int((probs > 0).sum()) > (100 if top_p < 1 else logits.shape[-1] - 1)  # many candidates
+    law = {(x,): float(probs[x]) for x in probs.nonzero().flatten().tolist()}
+    draws = [tuple(sample(logits, cfg, TARGET, [n])) for n in range(DRAWS)]
+    chi2, threshold = chi_square(law, draws)
+    STATS[f"keyed draws, top-k 0, top-p {top_p:g}"] = (chi2, threshold, math.nan)
+    assert chi2 < threshold, (top_p, chi2, threshold)
+
+
 def test_report_statistics() -> None:
     """Runs after the rules: prints each χ² and its threshold (for the closing note)."""
-    assert len(STATS) == len(RULES)
+    assert len(STATS) == len(RULES) + len(TOP_P_AT_K0)
     for rule, (chi2, threshold, accepted) in STATS.items():
-        print(f"\n{rule:40s} χ² {chi2:9.1f}  threshold {threshold:6.1f}  accepted drafts per run {accepted:.2f}")
+        runs = "" if math.isnan(accepted) else f"  accepted drafts per run {accepted:.2f}"
+        print(f"\n{rule:40s} χ² {chi2:9.1f}  threshold {threshold:6.1f}{runs}")

@@ -4,7 +4,7 @@ Over the three tiny shapes, K in {1, 2, 3, 4, 6, 8}, the three schedules, prompt
 than the sliding window (8), budgets that end inside a drafted block, a stop id inside an accepted
 block, and the three drafters of tests/pairs.py (random: almost never right, echo: partly, always:
 every draft right), all real drafter modules.
-A cache-free reference loop written from the spec (mtp.md §7) must reproduce the loop's committed
+A cache-free reference loop written from the design (mtp/README.md §7) must reproduce the loop's committed
 tokens and every round's drafts and acceptance counts exactly.
 """
 
@@ -111,7 +111,7 @@ def test_budget_of_one_and_two(models) -> None:  # noqa: ANN001
 def reference_loop(
     target: Gemma4Model, drafter: Drafter, prompt_ids: list[int], max_new: int, length: DraftLength,
 ) -> tuple[list[int], list[tuple[list[int], int]]]:
-    """mtp.md §7 with no cache at all: every round recomputes the target over the committed sequence,
+    """mtp/README.md §7 with no cache at all: every round recomputes the target over the committed sequence,
     hands the drafter the K/V of positions 0..t-1, and verifies by recomputing everything again."""
     seq = list(prompt_ids)
     seq.append(int(target(torch.tensor([seq]))[0, -1].argmax()))

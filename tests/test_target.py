@@ -96,7 +96,7 @@ def test_stops_at_the_first_stop_id(pair) -> None:  # noqa: ANN001
 
 
 def test_bf16_runs_and_mostly_agrees(tmp_path: Path) -> None:
-    """bf16 is not byte-identical to fp32 (spec mtp.md §10), but it must be the same model."""
+    """bf16 is not byte-identical to fp32 (mtp/README.md §10), but it must be the same model."""
     path = write_target(tmp_path, "e2b", dtype=torch.bfloat16)
     fp32, bf16 = load_target(path), load_target(path, dtype=torch.bfloat16)
     ids = torch.tensor([prompt(8, 24)])

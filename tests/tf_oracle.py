@@ -26,7 +26,7 @@ same and reproduces TF's first-round drafts exactly:
   - steps 2..K: token = argmax of the previous drafter logits (the masked vector when
               use_ordered_embeddings), hidden = the previous step's output `last_hidden_state`, which is
               post_projection(drafter final-normed hidden) -> [1, 1, H]; position and KV unchanged.
-Later rounds use the last verify forward's KV sliced to [:len(input_ids)] (mtp.md §9 quirk), so only the
+Later rounds use the last verify forward's KV sliced to [:len(input_ids)] (mtp/README.md §9 quirk), so only the
 first round's drafts are comparable with a clean implementation.
 """
 
@@ -150,7 +150,7 @@ def tf_assisted_greedy(
     """TF assisted greedy generate with the MTP drafter, recording every round's drafts.
 
     TF drafts a constant num_assistant_tokens per round (capped by the length budget). Only rounds[0]
-    uses the clean KV (mtp.md §9); later rounds show TF's quirk.
+    uses the clean KV (mtp/README.md §9); later rounds show TF's quirk.
     """
     config = _greedy_config(max_new_tokens, stop_ids)
     assistant_config = GenerationConfig(num_assistant_tokens=num_assistant_tokens)
@@ -233,7 +233,7 @@ def tf_drafter_step(
     position: int,
     hidden: Tensor | None = None,
 ) -> DrafterStep:
-    """One assistant forward as TF's generator runs it, with the clean view of mtp.md §4-5.
+    """One assistant forward as TF's generator runs it, with the clean view of mtp/README.md §4-§5.
 
     The drafter sees the target KV of positions 0..position-1 (target_out must cover at least those) and
     `hidden` (default: target_out.hidden[position-1], the step-1 input). Pass DrafterStep.hidden of the

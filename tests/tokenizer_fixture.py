@@ -1,6 +1,6 @@
 """A tiny `tokenizer.json` shaped like Gemma 4's, for tests that go through text.
 
-- The special tokens sit at their real ids (spec gemma4.md §5): `<pad>` 0, `<eos>` 1, `<bos>` 2,
+- The special tokens sit at their real ids (gemma4/README.md §18): `<pad>` 0, `<eos>` 1, `<bos>` 2,
   `<unk>` 3, the tool tokens 46-52, `<|think|>` 98, `<|channel>` 100, `<channel|>` 101, `<|turn>` 105,
   `<turn|>` 106. The other ids below 107 are `<unused…>` specials, as reserved slots are in the release.
 - Like Gemma's, it is a BPE with byte fallback: spaces become `▁`, characters outside the small

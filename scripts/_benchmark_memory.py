@@ -1,0 +1,79 @@
+"""scripts/benchmark.py's `memory` section: peak resident memory of `load_target` in a fresh process; and the
+weight bytes one decode step reads (the `bandwidth` section's bound).
+
+The weights as loaded are the reference: the E2B-dimension checkpoint in bfloat16 loaded as bfloat16
+(memory-mapped), the same file as float32 (every weight cast), and a float32 file as float32. Peaks are
+read from /proc (Linux): VmHWM, restarted between loading and the first forward where the kernel allows.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
+
+import torch  # noqa: E402
+
+from gemma4 import load_target  # noqa: E402
+from gemma4.model import Gemma4Model  # noqa: E402
+
+
+def status_mib() -> dict[str, float]:
+    """VmRSS (resident now), VmHWM (peak resident), RssAnon (private memory), RssFile (mapped file pages)."""
+    keys = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return {line.split(":")[0]: int(line.split()[1]) / 1024 for line in lines if line.startswith(keys)}
+
+
+def reset_peak() -> bool:
+    """Restart VmHWM from the current RSS (Linux: `echo 5 > /proc/self/clear_refs`)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_child(model_dir: Path, dtype: str) -> dict[str, Any]:
+    """Runs in a fresh process: resident memory before, at the peak of loading, and after one forward."""
+    base = status_mib()
+    separate = reset_peak()
+    model = load_target(model_dir, dtype=getattr(torch, dtype))  # packed where gemma4/packing.py says so
+    loaded = status_mib()
+    # The weights as loaded: in the model's dtype, but the PLE table in the file's (weights.py). A packed
+    # weight's parameter may be the file's view in the file's dtype: its packed copy is what is held.
+    ple = getattr(model, "embed_tokens_per_layer", None)
+    text_mib = sum(p.numel() * (p.element_size() if ple is not None and p is ple.weight else getattr(torch, dtype).itemsize)
+                   for p in model.parameters()) / 2**20
+    if separate:
+        reset_peak()
+    with torch.inference_mode():
+        model.run(torch.tensor([[2, 107, 108, 109]]), num_logits=1)  # pages every weight in but the PLE rows
+    ran = status_mib()
+    return {"dtype": dtype, "text_weights_mib": text_mib, "baseline": base, "after_load": loaded,
+            "after_forward": ran, "load_peak_over_text": (loaded["VmHWM"] - base["VmRSS"]) / text_mib,
+            "forward_peak_over_text": (ran["VmHWM"] - base["VmRSS"]) / text_mib, "peaks_separate": separate}
+
+
+def memory_section(model_dir: Path, dtype: str) -> dict[str, Any]:
+    """memory_child in a fresh interpreter: nothing loaded before can hide in the peak."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _benchmark_memory as m; "
+            "print(json.dumps(m.memory_child(m.Path(sys.argv[2]), sys.argv[3])))")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts"), str(model_dir), dtype],
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"the memory measurement failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def decode_bytes(model: Gemma4Model) -> int:
+    """Bytes of weights one decode step reads: every parameter, the whole tied embedding (the head scores
+    every token), but of the PLE table only the token's own row."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.config.ple_dim:
+        table = model.embed_tokens_per_layer.weight  # (V, L*P)
+        total -= (table.shape[0] - 1) * table.shape[1] * table.element_size()
+    return total

@@ -1,0 +1,274 @@
+"""Chat with a Gemma 4 target and its MTP assistant: `python scripts/chat.py --help`.
+
+- Every model flag is generate.py's (scripts/_options.py), with the same two rules: a flag changes
+  only itself (defaults from the checkpoint's files), and a flag that would do nothing is refused.
+  chat.py adds `--system`, `--think` and `--json`.
+- The conversation is mtp/conversation.py's: each turn renders the whole conversation by token id
+  and prefills only what the target's cache does not already hold. A reply is exactly what
+  `generate.py --prompt-ids <that turn's prompt_ids>` writes with the same flags.
+- On a terminal: the prompt `>>> `, replies streamed on stdout, the header and the figures on stderr.
+  Ctrl-C stops a reply and keeps what was shown as the model's turn; Ctrl-C at the prompt drops the
+  line and says how to leave, a second one in a row leaves, as does Ctrl-D or `/exit` (status 0).
+  Without a terminal on stdin the same lines are read, without prompts.
+- `--json`: stdin lines are user turns, stdout one JSON object per turn on one line, nothing else
+  (`{"error": ...}` in the place of a turn that does not fit the context).
+- A model without a chat template (the demo, a model of Python source) still chats: Gemma 4's
+  turns are written by id, and its vocabulary holds the control tokens. The header says it never saw
+  chat turns, so its replies are continuations of code, not answers.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
+sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
+
+from _startup import quiet_interrupt  # noqa: E402
+
+with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
+    import torch  # noqa: E402
+
+    from _options import (  # noqa: E402
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
+        UsageError, add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
+        sampling_line,
+    )
+    from _report import stats_json, stats_text  # noqa: E402
+    from _stream import Sink, Stream, text_sinks  # noqa: E402
+    from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer  # noqa: E402
+    from mtp import ContextFull, Conversation, Reply  # noqa: E402
+
+PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
+FENCE = '"""'  # a line holding only this opens and closes a multi-line message
+HELP = f"""\
+type a message and Enter; a line {FENCE} opens and closes a message of several lines
+/reset starts over, /stats shows the last turn's figures, /exit or Ctrl-D leaves; Ctrl-C stops a reply"""
+
+
+# ---------------------------------------------------------------- input
+
+class Lines:
+    """What the user sends: a line, or the lines between two lines holding only `\"\"\"`."""
+
+    def __init__(self, source: TextIO, prompt: bool) -> None:
+        self.source, self.prompt = source, prompt
+        if prompt:
+            try:  # line editing and history for input(), where the platform has them
+                import readline  # noqa: F401
+            except ImportError:
+                pass
+
+    def line(self, prompt: str) -> str:
+        """One line without its end; EOFError at the end of the input (Ctrl-D on a terminal)."""
+        if self.prompt:
+            return input(prompt)
+        line = self.source.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\r\n")
+
+    def message(self) -> str:
+        first = self.line(PROMPT)
+        if first.strip() != FENCE:
+            return first
+        block = []
+        while (line := self.line(MORE)).strip() != FENCE:
+            block.append(line)
+        return "\n".join(block)
+
+
+# ---------------------------------------------------------------- output
+
+def reply_json(reply: Reply) -> dict:
+    """One turn for --json. An interrupted turn has no statistics (the loop did not finish them)."""
+    stats = None if reply.finish_reason == "interrupted" else stats_json(reply.stats, reply.tokens, reply.seconds)
+    return {"turn": reply.turn, "prompt_ids": reply.prompt_ids, "reused": reply.reused, "prefilled": reply.prefilled,
+            "tokens": reply.tokens, "text": reply.text, "finish_reason": reply.finish_reason, "stats": stats}
+
+
+def reply_report(reply: Reply, temperature: float) -> str:
+    """What /stats prints: the cache's part in the turn, then generate.py's statistics block."""
+    first = "" if reply.first_token_seconds is None else f"; first token after {reply.first_token_seconds:.2f} s"
+    head = (f"-- turn {reply.turn}: the prompt has {len(reply.prompt_ids)} tokens: {reply.reused} reused from the "
+            f"cache, {reply.prefilled} prefilled{first}")
+    if reply.finish_reason == "interrupted":
+        return f"{head}\n-- interrupted after {len(reply.tokens)} new tokens (no statistics)"
+    result = {"tokens": reply.tokens, "finish_reason": reply.finish_reason,
+              "stats": stats_json(reply.stats, reply.tokens, reply.seconds), "sampling": {"temperature": temperature}}
+    return f"{head}\n{stats_text(result, reply.stats)}"
+
+
+def chat_line(target: Target, system: str | None, think: bool, max_new_tokens: int) -> str:
+    context = target.model.config.max_position_embeddings
+    line = f"chat       {context} positions of context, at most {max_new_tokens} new tokens a turn"
+    line += ", thinking on" if think else ""
+    line += f", system {json.dumps(system.strip())}" if system is not None else ""
+    if not target.chat:
+        more = " " * len("chat       ")
+        line += (f"\n{more}no chat template: this model never saw chat turns (the demo is a model of Python source);"
+                 f"\n{more}its turns are written in Gemma 4's format all the same, so expect code, not answers")
+    return line
+
+
+def chat_tokenizer(target: Target, think: bool) -> Gemma4Tokenizer:
+    """The target's tokenizer, which must spell the control tokens the turns are written with."""
+    if target.tokenizer is None:
+        raise UsageError(f"{target.dir} has no tokenizer.json, which chat needs to read what you type: add it, "
+                         f"or use generate.py --prompt-ids")
+    needed = {"<bos>": BOS_ID, "<|turn>": TURN_START_ID, "<turn|>": TURN_END_ID}
+    if think:
+        needed["<|think|>"] = THINK_ID
+    wrong = [f"{name} {i}" for name, i in needed.items() if target.tokenizer.tokenizer.token_to_id(name) != i]
+    if wrong:
+        raise UsageError(f"{target.dir}/tokenizer.json lacks Gemma 4's control tokens ({', '.join(wrong)}), so chat "
+                         f"cannot write turns: use generate.py")
+    return target.tokenizer
+
+
+# ---------------------------------------------------------------- main
+
+@dataclass
+class Session:
+    """The conversation and how its turns are shown: streamed text on a terminal, objects with --json."""
+    conversation: Conversation
+    target: Target
+    assistant: Assistant | None
+    max_new_tokens: int
+    sinks: list[Sink]  # where a reply streams (none with --json)
+    json_output: bool
+    say: Callable[[str], None]  # a line on stderr (nowhere with --json)
+    last: Reply | None = None
+
+    def turn(self, text: str) -> None:
+        stream = Stream(self.conversation.tokenizer, self.sinks)
+        a = self.assistant
+        try:
+            reply = self.conversation.say(text, self.max_new_tokens, self.target.sampler, a and a.draft_length,
+                                          a.drafting if a else "argmax", on_commit=stream.commit)
+        except ContextFull as e:  # the conversation is unchanged and goes on
+            if self.json_output:  # an object in the turn's place: a script reading a line per turn stays in step
+                print(json.dumps({"error": str(e)}), flush=True)
+            self.say(f"not sent: {e}\n")
+            return
+        except KeyboardInterrupt:  # in the instant before its loop began: the turn did not happen
+            stream.finish()
+            self.say("(interrupted)\n")
+            return
+        self.last = reply
+        if self.json_output:
+            print(json.dumps(reply_json(reply)), flush=True)
+            return
+        stream.finish()
+        if reply.finish_reason == "interrupted":
+            self.say(f"(stopped after {len(reply.tokens)} tokens: the text above is kept as the model's turn)")
+        self.say("")
+
+    def command(self, line: str) -> bool:
+        """Run `line` if it is a command (/exit is the caller's); False if it is a message."""
+        if line == "/reset":
+            self.conversation.reset()
+            self.say("-- the conversation starts over\n")
+            return True
+        if self.json_output or not line.startswith("/") or len(line.split()) > 1:
+            return False
+        if line == "/stats":
+            self.say(reply_report(self.last, self.target.sampler.temperature) if self.last else "-- no turn yet")
+        elif line in ("/help", "/?"):
+            self.say(HELP)
+        else:
+            self.say(f"unknown command {line} (/help lists them); to send it as text, put it between two lines "
+                     f"{FENCE}")
+        self.say("")
+        return True
+
+
+def main(a: ModelFlags, system: str | None, think: bool, json_output: bool, source: TextIO,
+         demo_target: Path = DEMO_TARGET) -> int:
+    """Hold a conversation until /exit or the end of the input; returns the exit status."""
+    check_values(a)
+    if a.show_drafts and json_output:
+        refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
+    say: Callable[[str], None] = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
+    target, dev, dtype = load_target_from(a, say, demo_target)
+    tokenizer = chat_tokenizer(target, think)
+    assistant = load_assistant_from(a, target, dev, dtype, say)
+    say(sampling_line(target, assistant))
+    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if a.max_new_tokens is None else a.max_new_tokens
+    say(chat_line(target, system, think, max_new_tokens))
+    prompt = not json_output and source.isatty()
+    if prompt:
+        say(HELP)
+    sinks = text_sinks(a.show_drafts, json_output, say)
+    say("")
+
+    conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think, target.stops)
+    session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say)
+    with torch.inference_mode():  # one tiny forward, so that one-time start-up costs are not charged to turn 1
+        target.model.run(torch.tensor([[BOS_ID]], device=dev))
+    lines = Lines(source, prompt)
+    interrupted = False  # the last thing at the prompt was a Ctrl-C
+    while True:
+        try:
+            text = lines.message()
+        except EOFError:
+            if prompt:
+                print()  # end the prompt's line
+            return 0
+        except KeyboardInterrupt:
+            if not prompt:
+                return INTERRUPTED
+            print()
+            if interrupted:
+                return 0
+            interrupted = True
+            say("(Ctrl-C again, Ctrl-D or /exit leaves)")
+            continue
+        interrupted = False
+        line = text.strip()
+        if line == "/exit":
+            return 0
+        if line and not session.command(line):
+            session.turn(text)
+
+
+# ---------------------------------------------------------------- command line
+
+DESCRIPTION = """\
+A conversation with a Gemma 4 target and its MTP assistant on one KV cache: each turn reuses the
+cached positions it shares with the previous ones and prefills only the rest. With no arguments: the
+bundled demo pair (scripts/demo), a model of Python source that never saw chat turns."""
+COMMANDS = f"""\
+in the conversation:
+{HELP}
+Ctrl-C at the prompt drops the line; a second Ctrl-C in a row leaves. --max-new-tokens counts per turn.
+--json: stdin lines are user turns (a line /reset resets, /exit leaves); stdout gets one JSON object per
+turn on one line: turn, prompt_ids, reused, prefilled, tokens, text, finish_reason, stats."""
+
+
+def parser() -> Parser:
+    p = Parser(prog="chat.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+               description=DESCRIPTION, epilog=RULES + "\n" + COMMANDS)
+    add_model_options(p)
+    p.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation")
+    p.add_argument("--think", action="store_true",
+                   help="thinking on: the model may think before it answers; the thought is shown dimmed (on a "
+                        "colour terminal) and left out of the history")
+    p.add_argument("--json", dest="json_output", action="store_true",
+                   help="for scripts: stdin lines are user turns, stdout one JSON object per turn and nothing else")
+    return p
+
+
+def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target: Path = DEMO_TARGET) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return guarded(lambda: main(ModelFlags.parsed(args), args.system, args.think, args.json_output,
+                                sys.stdin if source is None else source, demo_target))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
