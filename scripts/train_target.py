@@ -1,7 +1,10 @@
 """Train the demo target: a small Gemma 4 text model and its BPE tokenizer, on the local Python library.
 
-    python scripts/train_target.py                      # the committed demo target (about 17 min)
+    python scripts/train_target.py --out /tmp/target    # the demo target's settings (about 17 min)
     python scripts/train_target.py --out /tmp/t --steps 20 --layers 10 --hidden 32 --max-files 40  # smoke run
+
+`--out` is required, so a run never overwrites the bundled demo; weights.md has the command that
+made the committed one.
 
 Writes `config.json` (the bare `gemma4_text` form that `Gemma4ForCausalLM` saves: tensors under
 `model.`), `generation_config.json`, `model.safetensors` and `tokenizer.json`.
@@ -169,8 +172,10 @@ def main(out: Path, steps: int, batch: int, seq_len: int, lr: float, vocab_size:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "demo" / "target")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", type=Path, required=True,
+                   help="directory to write the target to (required: training never overwrites the demo)")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=256)
