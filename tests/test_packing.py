@@ -147,12 +147,9 @@ def test_stacks_hold_q_k_v_and_gate_up_as_views(pair: tuple[Path, Path]) -> None
     assert all(m.qkv is None for m in target.modules() if isinstance(m, Attention) and m.shared)
 
 
-@pytest.mark.parametrize("pack", [False, True])
-def test_prepared_models_give_the_same_logits_and_tokens(pair: tuple[Path, Path], pack: bool) -> None:
-    raw_target, raw_drafter = unprepared(pair)
-    target, drafter = forced_pair(pair, pack)
-    assert all(p is not None for p in products(target) + products(drafter))
-    assert all(p.packed == (pack and gemma4.packing.ONEDNN) for p in products(target) + products(drafter))
+def assert_same_as_unprepared(target: Gemma4Model, drafter: Drafter, raw_target: Gemma4Model,
+                              raw_drafter: Drafter) -> None:
+    """The same logits as the unprepared pair, and the same tokens and rounds, plain and speculative."""
     with torch.inference_mode():
         torch.testing.assert_close(target(torch.tensor([PROMPT])), raw_target(torch.tensor([PROMPT])))
     plain = greedy_generate(raw_target, PROMPT, 24)
@@ -161,6 +158,15 @@ def test_prepared_models_give_the_same_logits_and_tokens(pair: tuple[Path, Path]
         ours = speculative_generate(target, drafter, PROMPT, 24, DraftLength(k))
         theirs = speculative_generate(raw_target, raw_drafter, PROMPT, 24, DraftLength(k))
         assert ours.tokens == plain and ours.stats.rounds == theirs.stats.rounds
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_prepared_models_give_the_same_logits_and_tokens(pair: tuple[Path, Path], pack: bool) -> None:
+    raw_target, raw_drafter = unprepared(pair)
+    target, drafter = forced_pair(pair, pack)
+    assert all(p is not None for p in products(target) + products(drafter))
+    assert all(p.packed == (pack and gemma4.packing.ONEDNN) for p in products(target) + products(drafter))
+    assert_same_as_unprepared(target, drafter, raw_target, raw_drafter)
 
 
 def test_onednn_for_many_rows_gives_the_same_logits_and_tokens(pair: tuple[Path, Path]) -> None:
@@ -170,14 +176,7 @@ def test_onednn_for_many_rows_gives_the_same_logits_and_tokens(pair: tuple[Path,
     target, drafter = forced_pair(pair, pack=False)
     for product in products(target) + products(drafter):
         product.onednn_rows = 2 if gemma4.packing.ONEDNN else 0  # from 2 rows; without oneDNN: never
-    with torch.inference_mode():
-        torch.testing.assert_close(target(torch.tensor([PROMPT])), raw_target(torch.tensor([PROMPT])))
-    plain = greedy_generate(raw_target, PROMPT, 24)
-    assert greedy_generate(target, PROMPT, 24) == plain
-    for k in (1, 4):
-        ours = speculative_generate(target, drafter, PROMPT, 24, DraftLength(k))
-        theirs = speculative_generate(raw_target, raw_drafter, PROMPT, 24, DraftLength(k))
-        assert ours.tokens == plain and ours.stats.rounds == theirs.stats.rounds
+    assert_same_as_unprepared(target, drafter, raw_target, raw_drafter)
 
 
 @pytest.mark.parametrize("pack", [False, True])
