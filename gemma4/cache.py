@@ -88,6 +88,8 @@ class KVCache:
 
     def fit(self, layer: int, end: int) -> None:
         """Make room for positions 0..end-1 of one layer: double (at least to end, at most to capacity)."""
+        if self.values[layer].shape[2] >= end:  # the common case, every decode step: values grow last
+            return
         for buffers in (self.keys, self.values):  # each checked alone: an interrupt may fall between them
             old = buffers[layer]  # (B, K, S_old, D)
             if old.shape[2] < end:

@@ -57,8 +57,8 @@ import torch.nn.functional as F
 from torch import nn
 
 VERIFY_ROWS = 5  # K + 1 for the default K = 4: the rows of a verify the packing decision is timed for
-REPS = 5  # timings of each of the four products; the minimum of each counts
-REP_BUDGET_S = 0.1  # fewer repetitions (at least 3) where 4 x REPS products would take longer: large weights
+REPS = 5  # timings of each of the five (product, rows) pairs; the minimum of each counts
+REP_BUDGET_S = 0.1  # fewer repetitions (at least 3) where 5 x REPS products would take longer: large weights
 NO_KERNEL = "no oneDNN kernel for this device or dtype"
 ROWS_HINT = 8  # the row count oneDNN picks its layout for: verifies multiply 2-9 rows, a decode step 1
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
