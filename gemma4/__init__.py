@@ -1,7 +1,8 @@
 """Gemma 4 text model (the *target*) in pure PyTorch: config, model, KV cache, loading, decoding."""
 
 from gemma4.cache import KVCache
-from gemma4.config import ConfigError, TextConfig, load_config
+from gemma4.config import ConfigError, TextConfig
+from gemma4.config_file import load_config
 from gemma4.generate import greedy_generate, reference_greedy, sample_generate
 from gemma4.model import Gemma4Model, ModelOutput
 from gemma4.sampling import SamplerConfig

@@ -15,7 +15,6 @@ from torch import nn
 
 from gemma4.config import TextConfig
 from gemma4.norms import gelu, rms_norm, wide
-from gemma4.packing import Linear
 
 
 class Router(nn.Module):
@@ -23,7 +22,7 @@ class Router(nn.Module):
         super().__init__()
         self.eps, self.top_k = config.rms_norm_eps, config.top_k_experts
         self.root_size = config.hidden_size**-0.5  # a plain float multiplier (gemma4/README.md §14)
-        self.proj = Linear(config.hidden_size, config.num_experts)
+        self.proj = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.scale = nn.Parameter(torch.empty(config.hidden_size))
         self.per_expert_scale = nn.Parameter(torch.empty(config.num_experts))
 

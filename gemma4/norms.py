@@ -7,7 +7,7 @@ Facts a reader must know:
   its arithmetic: see `rms_norm` for the calls and the alternatives measured.
 """
 
-from functools import cache
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ def wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32  # a plain branch: no dispatcher call
 
 
-@cache
+@lru_cache
 def eps_tensor(eps: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.tensor(eps, dtype=dtype, device=device)  # made once: a float operand is a new tensor per call
 
@@ -42,8 +42,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
-# RMSNorm is called ~150 times per decoded token, so directly, as Linear is (gemma4/packing.py):
-# nn.Module.__call__ (hook dispatch) costs ≈ 2 µs a call. Hooks on it would not run.
+# RMSNorm is called ~150 times per decoded token, so directly: nn.Module.__call__ (hook dispatch)
+# costs about 2 µs a call. Hooks on it would not run.
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from gemma4.config import ConfigError, TextConfig, read_json
+from gemma4.config import ConfigError, TextConfig
+from gemma4.config_file import read_json
 
 BOS_ID, THINK_ID, CHANNEL_START_ID, CHANNEL_END_ID, TURN_START_ID, TURN_END_ID = 2, 98, 100, 101, 105, 106
 CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"

@@ -13,10 +13,9 @@ Facts a reader must know (gemma4/README.md §17):
   it keeps the file's dtype and stays memory-mapped; rows are cast when looked up (a cast commutes with
   a row lookup, so the numbers are the same). A bfloat16 E2B run in float32 so skips a 9.4 GB copy.
 - Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
-- The loaders then prepare every projection once (`prepare_weights`, gemma4/packing.py): q/k/v and gate/up
-  stacked, and on the CPU a packed copy where timing it on this machine says so (`pack=False`: never),
-  each read through a mapping of its own so that what is kept replaces the file's pages in resident
-  memory instead of doubling them.
+- The loaders then apply the speed layer (gemma4/fast/, `fast=True` by default): q/k/v and gate/up stacked,
+  and on the CPU a packed copy where timing it on this machine says so. `fast=False` keeps the textbook
+  modules of gemma4/model.py: the same tokens.
 """
 
 import json
@@ -25,11 +24,12 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from torch import nn
 
-from gemma4.config import ConfigError, TextConfig, read_json, text_config_from_dict, text_fields
-from gemma4.model import MLP, Attention, Gemma4Model
-from gemma4.packing import VERIFY_ROWS, Choice, Linear, Prepared, Product, forced, measure
+from gemma4.config import ConfigError, TextConfig
+from gemma4.config_file import read_json, text_config_from_dict, text_fields
+from gemma4.fast import make_fast
+from gemma4.fast.apply import Reader
+from gemma4.model import Gemma4Model
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -215,102 +215,25 @@ def read_state_dict(
     return state
 
 
-def stacks(model: nn.Module) -> list[tuple[list[str], object, str]]:
-    """Every product of `model` as the loader prepares it: (the parameter keys it stacks by rows, the module that
-    holds it, the attribute). q/k/v of a layer with its own K/V and gate/up are one product; any other
-    `Linear` is its own."""
-    out, stacked = [], set()
-    for name, module in model.named_modules():
-        pre = name + "." if name else ""
-        if isinstance(module, Attention) and not module.shared:
-            keys = ["q_proj", "k_proj"] + (["v_proj"] if module.has_v_proj else [])
-            out.append(([f"{pre}{k}.weight" for k in keys], module, "qkv"))
-        elif isinstance(module, MLP):
-            keys = ["gate_proj", "up_proj"]
-            out.append(([f"{pre}{k}.weight" for k in keys], module, "gate_up"))
-        else:
-            continue
-        stacked |= {f"{pre}{k}" for k in keys}
-    out += [([name + ".weight"], m, "product") for name, m in model.named_modules()
-            if isinstance(m, Linear) and name not in stacked]
-    return out
+def file_reader(model_dir: Path, prefix: str) -> Reader:
+    """What the speed layer reads the file's tensors with: `read(key, keep)`. Each tensor through a mapping of
+    its own (`keep=False`: gone with the tensor), or through one that lives as long as the tensors kept."""
+    index, kept = checkpoint_index(model_dir), {}
 
-
-def _replace(model: nn.Module, key: str, tensor: torch.Tensor) -> None:
-    """Parameter `key` of `model` becomes `tensor` (a view of the file, or of a stack), without gradients."""
-    module, _, name = key.rpartition(".")
-    setattr(model.get_submodule(module), name, nn.Parameter(tensor, requires_grad=False))
-
-
-@torch.no_grad()
-def prepare_weights(
-    model: nn.Module, model_dir: Path, prefix: str, head: str | None, pack: bool | None = None,
-    rows: int = VERIFY_ROWS, decodes: bool = True,
-) -> tuple[Product | None, list[Choice]]:
-    """Once, after loading: every product of `model` (`stacks`) made plain or packed (gemma4/packing.py), and
-    the attention norms' stacked weights. Returns the product of the tied head `head` (a key of `model`; the
-    model keeps it as its own attribute) and the packing decisions, one per (shape, dtype).
-
-    `pack`: None times plain against packed for 1 and `rows` rows and packs where packed is faster for both
-    (the loaders' default), False never packs, True packs wherever oneDNN can (tests force both branches).
-    `decodes=False`: the model will only verify (`rows` rows, never 1), so packed need only be faster there.
-
-    Memory: each product is made from its tensors read through a mapping of their own, gone once it is made:
-    pages a mapping has read stay resident as long as it lives, and the model's views keep theirs alive.
-    - Packed: the parameters stay unread views of the file, so resident memory holds the packed copy alone.
-      A weight the loader cast (a bfloat16 file run in float32) is a private copy: it is replaced by the
-      file's view in the file's dtype (unread; `linear`'s plain fallback casts it per call). The tied head
-      cannot be replaced (the embedding reads its rows in the model's dtype): a cast head keeps both.
-    - Plain and stacked: the parameters become views of the stacked rows, so again one copy is held.
-    - Plain and alone: the parameter itself is multiplied, as loaded.
-    """
-    index = checkpoint_index(model_dir)
-    handles = {}  # file -> the mapping the replacing views keep alive
-    choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
-    head_product = None
-    groups = stacks(model) + ([([head], None, "")] if head is not None else [])
-    for keys, owner, attribute in groups:
-        parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
-        stored = [_read(_open(index[prefix + key]), index[prefix + key], prefix + key) for key in keys]  # own mappings
-        cast = stored[0].dtype != parts[0].dtype
-        values = torch.cat([t.to(parts[0].device, parts[0].dtype) for t in stored])  # (O1 + O2 + .., I)
-        del stored
-        blocked = None
-        signature = (tuple(values.shape), values.dtype)
-        if signature not in choices:
-            if pack is None:
-                choices[signature], blocked = measure(values, rows, decodes=decodes)
-            else:
-                choices[signature] = forced(values, pack)
-        if choices[signature].packed:
-            if cast and owner is not None:
-                for key in keys:  # the file's view in its own dtype, nothing read yet
-                    file = index[prefix + key]
-                    _replace(model, key, _read(handles.setdefault(file, _open(file)), file, prefix + key))
-            product = Product(tuple(model.get_parameter(key) for key in keys), values, True, blocked)
-        elif len(keys) > 1:  # the parameters become views of the stack's rows
-            for key, rows_of_key in zip(keys, values.split([part.shape[0] for part in parts])):
-                _replace(model, key, rows_of_key)
-            product = Product(tuple(model.get_parameter(key) for key in keys), values, False, None,
-                              choices[signature].onednn_rows)
-        else:  # as loaded: a view of the file, or the cast copy
-            product = Product((parts[0],), parts[0], False, None, choices[signature].onednn_rows)
-        del values
-        if owner is None:
-            head_product = product
-        else:
-            setattr(owner, attribute, product)
-    for module in model.modules():
-        if isinstance(module, Attention) and not module.shared:
-            module.norms = Prepared((module.q_norm.weight, module.k_norm.weight), module.norm_weights())
-    return head_product, list(choices.values())
+    def read(key: str, keep: bool) -> torch.Tensor:
+        file = index[prefix + key]
+        return _read(kept.setdefault(file, _open(file)) if keep else _open(file), file, prefix + key)
+    return read
 
 
 def load_target(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", pack: bool = True,
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = True,
+    decodes: bool = True,
 ) -> Gemma4Model:
-    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients, its products
-    prepared (`prepare_weights`): packed on the CPU where measured faster, never with `pack=False`."""
+    """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
+    layer swapped in (gemma4/fast/); `decodes=False`: the model only
+    verifies (K + 1 rows a forward, never 1), so packing need only pay there. `gemma4.fast.kernels_of(model)`
+    lists the kernel decisions and what they cost the load."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -330,9 +253,9 @@ def load_target(
     model.load_state_dict(state, strict=True, assign=True)
     del state  # the model holds every tensor now; a cast that packing replaces must not live on here
     model.eval().requires_grad_(False)
-    model.head_product, model.packing = prepare_weights(model, model_dir, prefix, "embed_tokens.weight",
-                                                        None if pack else False)
+    if fast:
+        make_fast(model, file_reader(model_dir, prefix), ("head", "embed_tokens.weight"), decodes=decodes)
     return model
 
 
-__all__ = ["CheckpointError", "ConfigError", "load_target", "prepare_weights", "read_state_dict", "resolve_model_dir"]
+__all__ = ["CheckpointError", "ConfigError", "file_reader", "load_target", "read_state_dict", "resolve_model_dir"]

@@ -17,11 +17,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import mtp.batch
+import mtp.extras.batch
 from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, sample_generate
-from gemma4.batch import greedy_generate_batch, prefill, sample_generate_batch
+from gemma4.extras.batch import greedy_generate_batch, prefill_rows, sample_generate_batch
 from mtp import DraftLength, Drafter, speculative_generate
-from mtp.batch import speculative_generate_batch
+from mtp.extras.batch import speculative_generate_batch
 from tests.checkpoints import SHAPES
 
 LENGTHS = (3, 8, 30)  # below, at and far above the target's sliding window
@@ -121,7 +121,7 @@ SCHEDULES: list[Callable[[int, int], int]] = [
 
 
 def scripted(target: Gemma4Model, rows: list[list[int]], schedules: list[Callable[[int, int], int]]):  # noqa: ANN201
-    """A stand-in for mtp.batch.draft_rows. `rows` are the prompts' greedy sequences (prompt and
+    """A stand-in for mtp.extras.batch.draft_rows. `rows` are the prompts' greedy sequences (prompt and
     continuation). It recognises each batch row by the target hidden it is given (h[t-1] of one
     sequence) and proposes that sequence's next tokens, wrong from row r's scheduled count on."""
     with torch.inference_mode():
@@ -146,7 +146,7 @@ def test_rows_accepting_very_differently(pairs, monkeypatch: pytest.MonkeyPatch)
         target, drafter = pairs[shape]
         prompts = [prompt(length, 7) for length in (5, 12, 30, 9)]
         sequences = [p + plain(target, p, BUDGET + k + 1) for p in prompts]
-        monkeypatch.setattr(mtp.batch, "draft_rows", scripted(target, sequences, SCHEDULES))
+        monkeypatch.setattr(mtp.extras.batch, "draft_rows", scripted(target, sequences, SCHEDULES))
         batch = speculative_generate_batch(target, drafter, prompts, BUDGET, DraftLength(k))
         monkeypatch.undo()
         for r, (ids, result) in enumerate(zip(prompts, batch)):
@@ -181,7 +181,7 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
     stop_bonus = free[2][first_at(free[2], lambda i: i >= 4 and i % (k + 1) == 0)]
     stops = [[stop_first], [stop_inside], [stop_bonus], [], []]
     budgets = [40, 40, 40, 1 + (k + 1) * 2 + 2, 30]  # row 3's budget ends inside its third block
-    monkeypatch.setattr(mtp.batch, "draft_rows", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
+    monkeypatch.setattr(mtp.extras.batch, "draft_rows", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
     sizes: list[int] = []
     run = target.run
 
@@ -257,7 +257,7 @@ def test_cache_rows_equal_solo_caches(pairs, shape: str) -> None:  # noqa: ANN00
     lengths = [3, 8, 30]
     cache = KVCache(target.config, 100, batch=3)
     with torch.inference_mode():
-        logits, _ = prefill(target, cache, [r[:n] for r, n in zip(rows, lengths)])
+        logits, _ = prefill_rows(target, cache, [r[:n] for r, n in zip(rows, lengths)])
         assert not logits.isnan().any()
         for blocks, keep in (([4, 1, 3], [3, 1, 2]), ([2, 5, 1], [1, 5, 1]), ([3, 3, 3], [2, 3, 1])):
             t = max(blocks)

@@ -10,7 +10,7 @@ import torch
 
 from gemma4 import ConfigError, KVCache, load_target
 from mtp import DraftLength, check_pair, load_drafter, speculative_generate
-from mtp.drafter import drafter_config_from_dict
+from mtp.loading import drafter_config_from_dict
 from mtp.speculative import target_kv
 from tests.checkpoints import SHAPES, write_assistant, write_target
 from tests.tf_oracle import tf_assisted_greedy, tf_assistant, tf_draft, tf_drafter_step, tf_target, tf_target_outputs

@@ -30,7 +30,7 @@ import math
 import pytest
 import torch
 
-import mtp.speculative as spec
+import mtp.accept as rules
 from gemma4 import SamplerConfig, load_target
 from gemma4.sampling import TARGET, UNIFORM, keyed_sample, keyed_uniform, sample, warp
 from mtp import DraftLength, load_drafter, speculative_generate
@@ -73,7 +73,7 @@ def chi_square(law: dict[tuple[int, ...], float], samples: list[tuple[int, ...]]
 
 # ---------------------------------------------------------------- the wrong rules
 
-CORRECT_KEYED, CORRECT_REJECTION = spec.accept_keyed, spec.accept_rejection
+CORRECT_KEYED, CORRECT_REJECTION = rules.accept_keyed, rules.accept_rejection
 RAW_Q: list[torch.Tensor] = []  # softmax of the raw drafter logits of every draft step (see raw_q_spy)
 
 
@@ -92,7 +92,7 @@ def raw_q_spy(drafter, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
 
 def keyed_transformers(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     """Argmax drafts, but the ratio test (and residual) against the raw q, as transformers 5.22.2 does."""
-    if not drafts:  # the prefill's first token: no test to run
+    if not drafts:  # a round that drafted nothing: no test to run
         return CORRECT_KEYED(drafts, logits, sampler, t)
     return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)  # q: (K, V)
 
@@ -156,7 +156,7 @@ def test_first_tokens_follow_the_target_law(rule: str, pair, law, monkeypatch: p
     drafting, replaced, replacement = RULES[rule]
     raw_q_spy(drafter, monkeypatch)
     if replaced:
-        monkeypatch.setattr(spec, replaced, replacement)
+        monkeypatch.setattr(rules, replaced, replacement)
     samples, accepted = [], 0
     for seed in range(N):
         result = speculative_generate(target, drafter, prompt("short"), L, DraftLength(K),

@@ -15,7 +15,8 @@ import torch
 
 from gemma4 import SamplerConfig, load_target
 from mtp import DraftLength, SpecStats, speculative_generate
-from mtp.drafter import Drafter, drafter_config_from_dict
+from mtp.drafter import Drafter
+from mtp.loading import drafter_config_from_dict
 from tests.checkpoints import write_target
 from tests.pairs import shrink_branches
 

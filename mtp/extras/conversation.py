@@ -30,7 +30,9 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
 from mtp.drafter import Drafter
-from mtp.speculative import DraftLength, SpecStats, check_sampling, speculative_generate
+from mtp.schedule import DraftLength
+from mtp.speculative import check_sampling, speculative_generate
+from mtp.stats import SpecStats
 
 DEFAULT_STOP_IDS = (1, 106, 50)  # <eos>, <turn|>, <|tool_response>: the releases' generation_config.json
 GREEDY = SamplerConfig(temperature=0.0)

@@ -1,7 +1,6 @@
 """The speculative loop over a batch of prompts: every row is its own run (mtp/README.md §7, §12).
 
-The batch-1 loop in mtp/speculative.py stays the textbook; this is the same loop over B rows beside
-it, its numbered steps those of §7, and the tests hold every row against the solo run.
+The batch-1 loop in mtp/speculative.py is the textbook; this is the same loop over B rows beside it, its numbered steps those of §7, and the tests hold every row against the solo run.
 Per-row state: the committed sequence (so t_b), the hidden h[t_b-1], a draft length and statistics;
 the cache holds a (B,) length, one per row. Facts a reader must know:
 - Row b drafts at its own position t_b over its own keys 0..t_b-1, verifies at t_b..t_b+K_b and rolls
@@ -23,13 +22,14 @@ from collections.abc import Sequence
 
 import torch
 
-from gemma4.batch import PAD, check_prompts, new_cache, per_row, prefill
+from gemma4.extras.batch import PAD, check_prompts, new_cache, per_row, prefill_rows
 from gemma4.model import Gemma4Model
 from gemma4.sampling import DRAFT, SamplerConfig, keyed_sample, warp
+from mtp.accept import accept, cut_at_stop, first_token
 from mtp.drafter import Drafter
-from mtp.speculative import (
-    DraftLength, SpecResult, SpecStats, accept_greedy, accept_keyed, accept_rejection, check_sampling, target_kv,
-)
+from mtp.schedule import DraftLength
+from mtp.speculative import check_sampling, target_kv
+from mtp.stats import SpecResult, SpecStats
 
 
 def draft_rows(
@@ -59,18 +59,6 @@ def draft_rows(
     return torch.cat(drafts, dim=1), torch.stack(probs, dim=1) if probs else None  # (B, k), (B, k, V)
 
 
-def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int,
-           q: torch.Tensor | None) -> tuple[int, int]:
-    """Step 4 for one row, by the solo loop's own rules: logits (K+1, V) of positions t+1..; returns a
-    and the token after the accepted drafts. Greedy (§7), keyed samples with the row's seed (§11,
-    argmax drafting), or the rejection rule against the row's q (K, V) (§11, sample drafting)."""
-    if sampler is None:
-        return accept_greedy(drafts, logits)
-    if q is not None and drafts:
-        return accept_rejection(drafts, q, logits, sampler, t)
-    return accept_keyed(drafts, logits, sampler, t)
-
-
 @torch.inference_mode()
 def speculative_generate_batch(
     target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
@@ -96,9 +84,9 @@ def speculative_generate_batch(
     results: list[SpecResult | None] = [None] * len(prompts)
 
     # 0. Prefill every row in one forward; each commits its first token.
-    logits, hidden = prefill(target, cache, prompts)  # (B, V), (B, E) h[t_b-1]
+    logits, hidden = prefill_rows(target, cache, prompts)  # (B, V), (B, E) h[t_b-1]
     device = hidden.device
-    seqs = [list(p) + [accept([], logits[b:b + 1], samplers[b], len(p) - 1, None)[1]] for b, p in enumerate(prompts)]
+    seqs = [list(p) + [first_token(logits[b:b + 1], samplers[b], len(p))] for b, p in enumerate(prompts)]
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:
         # 7. Stop (checked first, as in the solo loop): a row with a stop id or a spent budget leaves.
@@ -118,8 +106,8 @@ def speculative_generate_batch(
         t = [len(seqs[b]) - 1 for b in rows]  # == cache.length, row by row
 
         # 1. Budget, per row: never draft what could not be committed.
-        k_eff = [min(lengths[b].current, budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1,
-                     context - len(seqs[b]) - 1) for b in rows]
+        k_eff = [lengths[b].next(min(budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1, context - len(seqs[b]) - 1))
+                 for b in rows]
 
         # 2. Draft d_1..d_K for every row from (seq_b[t_b], h[t_b-1], position t_b); row b keeps K_b:
         #    the drafter's argmax, or (sample drafting) draws from its warped q.
@@ -146,16 +134,11 @@ def speculative_generate_batch(
             a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i],  # the row's pads are not read
                              None if q is None else q[i, :len(d)])
             # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
-            block = d[:a] + [last]
-            for j, token in enumerate(block):
-                if token in stops[b]:
-                    block = block[: j + 1]
-                    break
+            block = cut_at_stop(d[:a] + [last], stops[b])
             seqs[b] += block
             stats[b].record(d, a, block)  # as the solo loop keeps them
             stats[b].target_forwards += 1
-            if d:
-                lengths[b].update(a, len(d))
+            lengths[b].observe(len(d), a, 0.0, 0.0)  # one forward serves every row: no per-row cost
             accepted.append(a)
 
         # 6. Roll back, row by row: positions t_b..t_b+a_b hold committed K/V; the rest is stale.

@@ -48,7 +48,7 @@ def check_prompts(model: Gemma4Model, prompts: Sequence[list[int]], budgets: lis
         check_prompt(model, prompt, budget)
 
 
-def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def prefill_rows(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 0 for every row in one forward at positions 0..P_b-1 (right-padded to the longest prompt).
     Returns each row's logits (B, V) and post-norm hidden (B, E) at its last prompt position."""
     device = cache.keys[0].device
@@ -76,7 +76,7 @@ def decode_batch(
     check_prompts(model, prompts, budgets)
     context = model.config.max_position_embeddings
     cache = new_cache(model, len(prompts), max(min(len(p) + n, context) for p, n in zip(prompts, budgets)))
-    logits, _ = prefill(model, cache, prompts)  # (B, V)
+    logits, _ = prefill_rows(model, cache, prompts)  # (B, V)
     new: list[list[int]] = [[] for _ in prompts]
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:

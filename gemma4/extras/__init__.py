@@ -1,0 +1,1 @@
+"""Extras beside the textbook decoder: plain decoding of a batch of prompts."""

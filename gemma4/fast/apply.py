@@ -1,0 +1,119 @@
+"""`make_fast`: what the loaders do after building a model: every projection prepared once, plain or packed,
+and the fast modules swapped in (gemma4/fast/modules.py). The model's own files never import this.
+
+Memory: each product is made from its tensors read through a mapping of their own, gone once it is made:
+pages a mapping has read stay resident as long as it lives, and the model's views keep theirs alive.
+- Packed: the parameters stay unread views of the file, so resident memory holds the packed copy alone. A
+  weight the loader cast (a bfloat16 file run in float32) is a private copy: it is replaced by the file's view
+  in the file's dtype (unread). The tied head cannot be replaced (the embedding reads its rows in the model's
+  dtype): a cast head keeps both.
+- Plain and stacked: the parameters become views of the stacked rows, so again one copy is held.
+- Plain and alone: the parameter itself is multiplied, as loaded.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from gemma4.fast.kernels import VERIFY_ROWS, Choice, Product, forced, measure
+from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
+from gemma4.model import MLP, Attention
+
+# key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
+# that lives on with the model's views.
+Reader = Callable[[str, bool], torch.Tensor]
+
+
+def groups(model: nn.Module) -> list[tuple[str, list[str]]]:
+    """(module name, the parameter keys its product stacks by rows): q/k/v of an attention layer with its own K/V,
+    gate/up of an MLP, and every other `nn.Linear` alone."""
+    out, stacked = [], set()
+    for name, module in model.named_modules():
+        if isinstance(module, Attention) and not module.shared:
+            children = ["q_proj", "k_proj"] + (["v_proj"] if module.has_v_proj else [])
+        elif isinstance(module, MLP):
+            children = ["gate_proj", "up_proj"]
+        else:
+            continue
+        out.append((name, [f"{name}.{child}.weight" for child in children]))
+        stacked |= {f"{name}.{child}" for child in children}
+    return out + [(name, [name + ".weight"]) for name, m in model.named_modules()
+                  if isinstance(m, nn.Linear) and name not in stacked]
+
+
+def _replace_parameter(model: nn.Module, key: str, tensor: torch.Tensor) -> None:
+    module, _, name = key.rpartition(".")
+    setattr(model.get_submodule(module), name, nn.Parameter(tensor, requires_grad=False))
+
+
+def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent), child, new)
+
+
+@torch.no_grad()
+def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None, pack: bool | None = None,
+              rows: int = VERIFY_ROWS, decodes: bool = True) -> list[Choice]:
+    """Prepare every product of `model` (`groups`, and the tied head `head` = (head module, weight key)) and swap
+    in the fast modules. Returns the kernel decisions, one per (shape, dtype).
+
+    `pack`: None times plain against packed for 1 and `rows` rows and packs where packed is faster for both
+    (`decodes=False`: for `rows` alone, a model that only verifies); False never packs; True packs wherever
+    oneDNN can (tests force both branches)."""
+    choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
+    todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
+    for name, keys in todo:
+        parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
+        stored = [read(key, False) for key in keys]  # through mappings of their own
+        cast = stored[0].dtype != parts[0].dtype
+        values = torch.cat([t.to(parts[0].device, parts[0].dtype) for t in stored])  # (O1 + O2 + .., I)
+        del stored
+        is_head = head is not None and name == head[0]
+        blocked, signature = None, (tuple(values.shape), values.dtype)
+        if signature not in choices:
+            if pack is None:
+                choices[signature], blocked = measure(values, rows, decodes=decodes)
+            else:
+                choices[signature] = forced(values, pack)
+        choice = choices[signature]
+        if choice.packed:
+            if cast and not is_head:
+                for key in keys:  # the file's view in its own dtype, nothing read yet
+                    _replace_parameter(model, key, read(key, True))
+            product = Product(values, True, blocked, choice=choice)
+        elif len(keys) > 1:  # the parameters become views of the stack's rows
+            for key, rows_of_key in zip(keys, values.split([part.shape[0] for part in parts])):
+                _replace_parameter(model, key, rows_of_key)
+            product = Product(values, False, onednn_rows=choice.onednn_rows, choice=choice)
+        else:  # as loaded: a view of the file, or the cast copy
+            product = Product(parts[0], False, onednn_rows=choice.onednn_rows, choice=choice)
+        del values
+        module = model.get_submodule(name)
+        if is_head:
+            _swap(model, name, FastHead(product))
+        elif isinstance(module, Attention):
+            _swap(model, name, StackedAttention.replacing(module, product))
+        elif isinstance(module, MLP):
+            _swap(model, name, StackedMLP.replacing(module, product))
+        else:
+            _swap(model, name, FastLinear(module, product))
+    return list(choices.values())
+
+
+def products(model: nn.Module) -> list[Product]:
+    """Every prepared product of a fast model, in module order."""
+    out = []
+    for module in model.modules():
+        for attribute in ("product", "qkv", "gate_up"):
+            if isinstance(getattr(module, attribute, None), Product):
+                out.append(getattr(module, attribute))
+    return out
+
+
+def kernels_of(model: nn.Module) -> list[Choice]:
+    """The kernel decisions of a fast model, one per (shape, dtype), with what they cost its load; [] if plain."""
+    seen: dict[tuple[tuple[int, ...], str], Choice] = {}
+    for product in products(model):
+        seen.setdefault((product.choice.shape, product.choice.dtype), product.choice)
+    return list(seen.values())

@@ -1,0 +1,105 @@
+"""Loading an MTP drafter ("assistant") checkpoint: its name table, the pair check, the loader.
+
+Design: mtp/README.md §2. The drafter file holds an ordinary Gemma 4 stack under `model.` whose layers are all
+KV-shared (Q-only, no PLE, no MoE), so the target's own name table describes it, plus the two projections and
+(E2B/E4B) the centroid head.
+"""
+
+from pathlib import Path
+
+import torch
+
+from gemma4.config import FULL, SLIDING, ConfigError, TextConfig
+from gemma4.config_file import read_json, text_config_from_dict
+from gemma4.fast import make_fast
+from gemma4.weights import (
+    CheckpointError, file_reader, read_state_dict, resolve_model_dir, target_ignored, target_weight_table,
+)
+from mtp.drafter import Drafter, DrafterConfig
+
+
+def drafter_config_from_dict(raw: dict) -> DrafterConfig:
+    if raw.get("model_type") != "gemma4_assistant":
+        raise ConfigError(f"model_type={raw.get('model_type')!r} is not a Gemma 4 assistant ('gemma4_assistant')")
+    fields = dict(raw.get("text_config") or {})
+    if not fields.get("num_kv_shared_layers"):  # transformers fills it in: every drafter layer is Q-only
+        fields["num_kv_shared_layers"] = fields.get("num_hidden_layers")
+    if fields["num_kv_shared_layers"] != fields.get("num_hidden_layers"):
+        raise ConfigError("text_config.num_kv_shared_layers must equal num_hidden_layers: assistant layers own no K/V")
+    fields["hidden_size_per_layer_input"] = fields.get("hidden_size_per_layer_input") or 0
+    text = text_config_from_dict(fields)
+    if text.ple_dim or text.enable_moe or text.use_double_wide_mlp:
+        raise ConfigError("an assistant has no Per-Layer Embeddings, MoE or double-wide MLP")
+    if set(text.layer_types) != {SLIDING, FULL}:
+        raise ConfigError("an assistant needs sliding and full layers to read the target's two KV sources")
+    cfg = DrafterConfig(
+        text=text,
+        backbone_hidden_size=int(raw.get("backbone_hidden_size", 1536)),
+        use_ordered_embeddings=bool(raw.get("use_ordered_embeddings", False)),
+        num_centroids=int(raw.get("num_centroids", 2048)),
+        centroid_top_k=int(raw.get("centroid_intermediate_top_k", 32)),
+    )
+    if cfg.use_ordered_embeddings and (text.vocab_size % cfg.num_centroids or cfg.centroid_top_k > cfg.num_centroids):
+        raise ConfigError(f"num_centroids={cfg.num_centroids} must divide vocab_size={text.vocab_size}")
+    return cfg
+
+
+def drafter_weight_table(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Checkpoint name -> shape (§2). The drafter file has no prefix beyond these names."""
+    c, e = cfg.text, cfg.backbone_hidden_size
+    d = c.hidden_size
+    # Under `model.` sits an ordinary Gemma 4 stack whose layers are all KV-shared (Q-only, no PLE,
+    # no MoE): the target's own name table describes it exactly.
+    table = {"model." + key: shape for key, shape in target_weight_table(c).items()}
+    table["pre_projection.weight"] = (d, 2 * e)
+    table["post_projection.weight"] = (e, d)
+    if cfg.use_ordered_embeddings:
+        table["masked_embedding.centroids.weight"] = (cfg.num_centroids, d)
+        table["masked_embedding.token_ordering"] = (c.vocab_size,)
+    return table
+
+
+def drafter_ignored(cfg: DrafterConfig) -> set[str]:
+    """Tensors a file may carry that the drafter never uses: K/V weights and an untied head copy."""
+    return {"model." + key for key in target_ignored(cfg.text)} | {"lm_head.weight"}
+
+
+def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, drafter_name: str) -> None:
+    """The drafter must have been built for this target (§2 load-time checks)."""
+    def fail(why: str) -> None:
+        raise ConfigError(f"assistant {drafter_name} does not belong to target {target_name}: {why}")
+
+    if drafter.backbone_hidden_size != target.hidden_size:
+        fail(f"its backbone_hidden_size is {drafter.backbone_hidden_size}, the target's hidden size is {target.hidden_size}")
+    if drafter.text.vocab_size != target.vocab_size:
+        fail(f"its vocabulary has {drafter.text.vocab_size} tokens, the target's {target.vocab_size}")
+    if drafter.text.first_shared_layer != 0:
+        fail("not every assistant layer is KV-shared")
+    for i, kind in enumerate(drafter.text.layer_types):
+        src = target.kv_source(kind)
+        mine, theirs = (drafter.text.kv_heads[i], drafter.text.head_dims[i]), (target.kv_heads[src], target.head_dims[src])
+        if mine != theirs:
+            fail(f"its layer {i} expects (kv heads, head dim) {mine}, target layer {src} has {theirs}")
+
+
+def load_drafter(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = True,
+    decodes: bool = True,
+) -> Drafter:
+    """The assistant of a local directory or Hub id, in eval mode, without gradients, with the speed layer as
+    the target's (`load_target`; a centroid head gathers rows: it has no product)."""
+    model_dir = resolve_model_dir(path)
+    if not (model_dir / "config.json").is_file():
+        raise CheckpointError(f"{model_dir} has no config.json")
+    cfg = drafter_config_from_dict(read_json(model_dir / "config.json"))
+    table = drafter_weight_table(cfg)
+    state = read_state_dict(model_dir, table, "", drafter_ignored(cfg), lambda name: True, dtype, device)
+    with torch.device("meta"):
+        drafter = Drafter(cfg)
+    drafter.load_state_dict(state, strict=True, assign=True)
+    del state  # see load_target
+    drafter.eval().requires_grad_(False)
+    if fast:
+        head = None if cfg.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
+        make_fast(drafter, file_reader(model_dir, ""), head, decodes=decodes)
+    return drafter

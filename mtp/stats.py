@@ -1,0 +1,55 @@
+"""What a speculative run did: per-round drafts and acceptance, and the run's result."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Round:
+    drafted: list[int]  # d_1..d_K_eff as proposed
+    accepted: int  # a: the length of the matching prefix (before any stop-id cut)
+
+
+@dataclass
+class SpecStats:
+    target_forwards: int = 0  # prefill and verifications
+    drafted: int = 0  # drafts proposed
+    accepted: int = 0  # drafts committed (only tokens actually emitted)
+    emitted: int = 0  # new tokens committed
+    rounds: list[Round] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)  # [i]: rounds that drafted an i+1-th token
+    accepted_at: list[int] = field(default_factory=list)  # [i]: rounds whose i+1-th draft was committed
+
+    def record(self, drafts: list[int], a: int, block: list[int]) -> None:
+        """One round: drafts d_1..d_K, a of them matched, `block` committed (cut after a stop id)."""
+        committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
+        self.emitted += len(block)
+        if not drafts:
+            return
+        self.rounds.append(Round(drafts, a))
+        self.drafted += len(drafts)
+        self.accepted += committed_drafts
+        for i in range(len(drafts)):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < committed_drafts
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.emitted / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d for a, d in zip(self.accepted_at, self.drafted_at)]
+
+
+@dataclass
+class SpecResult:
+    tokens: list[int]
+    stats: SpecStats
+    finish_reason: str  # "stop" or "length"

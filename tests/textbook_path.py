@@ -1,0 +1,46 @@
+"""The loop's textbook path: the project modules mtp/speculative.py reaches through its own imports (package
+`__init__` re-exports not counted), with their line counts. `python -m tests.textbook_path` prints them."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+START = "mtp.speculative"
+PACKAGES = ("gemma4", "mtp")
+
+
+def module_file(name: str) -> Path:
+    path = REPO.joinpath(*name.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def imports(name: str) -> set[str]:
+    """The project modules `name` imports by name (`from a.b import c` counts a.b, or a.b.c if c is a module)."""
+    out = set()
+    for node in ast.walk(ast.parse(module_file(name).read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                out.add(sub if module_file(sub).exists() and not module_file(sub).name == "__init__.py"
+                        else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
+    return {m for m in out if module_file(m).name != "__init__.py"}
+
+
+def textbook_path() -> dict[str, int]:
+    """Module -> its line count, for every module on the path."""
+    seen, todo = set(), [START]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += sorted(imports(name) - seen)
+    return {m: len(module_file(m).read_text().splitlines()) for m in sorted(seen)}
+
+
+if __name__ == "__main__":
+    path = textbook_path()
+    for module, lines in path.items():
+        print(f"{lines:5d}  {module_file(module).relative_to(REPO)}")
+    print(f"{sum(path.values()):5d}  total")
