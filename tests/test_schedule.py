@@ -1,0 +1,267 @@
+"""Draft-length schedules (mtp/schedule.py), the controller alone: no models, no clocks.
+
+- With fixed costs and acceptance, `auto` picks the K the closed form says (E(K)/time(K) by brute force
+  here): α = 1 with cheap drafts -> max_k (or the room), α = 0 -> 0, a verify as dear as 3 decode
+  steps -> the computed optimum; ties go to the smaller K.
+- A drafter that is never right, with CPU-like observed times, drives `auto` to K = 0 within 4
+  rounds and keeps it there but for one probe in every probe_every rounds; when the probes are
+  kept again, the estimates choose K > 0 within probe_every + 4 rounds, even after 200 rounds at
+  K = 0, and K climbs to max_k. A probe drafts one more than the estimates say, when the room allows,
+  again the next round if its extra draft was kept, never at max_k nor with acceptance fixed.
+- Only tested drafts update α_j; fixed quantities are never updated; the estimates carry across calls.
+- `constant`, `heuristic` and `heuristic_transient` give the same K sequences through next/observe as
+  through the former current/update; bad arguments raise ValueError.
+"""
+
+import pytest
+
+from mtp.schedule import ALPHA_PRIOR, PROBE_EVERY, SCHEDULES, WEIGHT, DraftLength
+
+
+def draft_s(k: int) -> float:
+    return 0.3 * k  # a draft step: 0.3 plain steps (the demo pair on CPU: about a sixth)
+
+
+def verify_s(n: int) -> float:
+    return 1.0 + 0.1 * (n - 1)  # a verify of n rows: one plain step plus 0.1 a row
+
+
+def closed_form(alpha: list[float], draft: float, costs, top: int) -> int:  # noqa: ANN001 (a cost function)
+    """argmax over K in 0..top of E(K)/time(K), written straight from the formula; the first max wins."""
+    def rate(k: int) -> float:
+        expected = 1.0
+        for j in range(1, k + 1):
+            kept = 1.0
+            for i in range(j):
+                kept *= alpha[i]
+            expected += kept
+        return expected / (k * draft + costs(k + 1))
+    rates = [rate(k) for k in range(top + 1)]
+    return rates.index(max(rates))
+
+
+def fixed(alpha: list[float], draft: float, costs) -> DraftLength:  # noqa: ANN001
+    return DraftLength(1, "auto", max_k=len(alpha), costs=costs, draft_cost=draft, acceptance=alpha)
+
+
+# ---------------------------------------------------------------- the closed form
+def test_all_kept_and_cheap_drafts_draft_the_most() -> None:
+    d = fixed([1.0] * 8, 0.05, lambda n: 1.0)
+    assert [d.next(room) for room in (100, 8, 3, 0)] == [8, 8, 3, 0]
+
+
+def test_never_kept_means_plain_decoding() -> None:
+    d = fixed([0.0] * 8, 0.05, lambda n: 1.0)
+    assert d.next(100) == 0
+    d = fixed([0.0] * 8, 0.0, lambda n: 1.0)  # free drafts: every K ties at 1 token a step; the smallest wins
+    assert d.next(100) == 0
+
+
+def test_equal_rates_go_to_the_smaller_k() -> None:
+    # α = 1, verify(n) = n, no draft cost: every K commits K+1 tokens in K+1 steps
+    d = fixed([1.0] * 4, 0.0, lambda n: float(n))
+    assert d.next(4) == 0
+
+
+def dear_verify(n: int) -> float:
+    return 1.0 if n == 1 else 3.0  # a verify of 2 or more rows costs 3 decode steps
+
+
+@pytest.mark.parametrize("alpha", [[0.9] * 8, [0.8] * 8, [0.6] * 8, [0.95, 0.9, 0.8, 0.7, 0.5, 0.3, 0.2, 0.1],
+                                   [1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
+@pytest.mark.parametrize("draft", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("costs", [dear_verify, verify_s, lambda n: 1.0])
+def test_the_optimum_of_the_closed_form(alpha: list[float], draft: float, costs) -> None:  # noqa: ANN001
+    d = fixed(alpha, draft, costs)
+    for room in (0, 1, 2, 5, 8, 20):
+        assert d.next(room) == closed_form(alpha, draft, costs, min(room, 8)), room
+
+
+def test_a_dear_verify_by_hand() -> None:
+    # α = 0.9, draft 0.1, verify(n > 1) = 3: E(K) = 1 + 0.9 + ... + 0.9^K = 10 - 9·0.9^K, time = 3 + 0.1·K.
+    # K = 0: 1/1 = 1; K = 4: (10 - 9·0.6561)/3.4 = 4.0951/3.4 = 1.204; K = 8: (10 - 9·0.4305)/3.8
+    # = 6.1258/3.8 = 1.612; rates rise with K up to 8, so max_k; with max_k 2: 2.71/3.2 = 0.85 < 1 -> 0.
+    assert closed_form([0.9] * 8, 0.1, dear_verify, 8) == 8
+    assert fixed([0.9] * 8, 0.1, dear_verify).next(100) == 8
+    assert fixed([0.9] * 2, 0.1, dear_verify).next(100) == 0
+    assert fixed([0.9] * 8, 0.1, dear_verify).next(4) == 4  # 1.204 > 1
+
+
+# ---------------------------------------------------------------- learning online
+def run(d: DraftLength, rounds: int, keep: bool, room: int = 100) -> list[int]:
+    """`rounds` rounds with the CPU-like times above: every draft kept, or none."""
+    ks = []
+    for _ in range(rounds):
+        k = d.next(room)
+        d.observe(k, accepted=k if keep else 0, draft_seconds=draft_s(k), verify_seconds=verify_s(k + 1))
+        ks.append(k)
+    return ks
+
+
+def test_a_drafter_never_right_reaches_plain_decoding() -> None:
+    d = DraftLength(4, "auto")
+    ks = run(d, 3 * PROBE_EVERY, keep=False)
+    # Round one drafts `initial`; α_1 falls 0.5 -> 0.45 -> 0.405 -> 0.3645 while 2 and 5 rows are timed,
+    # and with draft 0.3 and verify 1 + 0.1(n-1), K = 1 pays only if (1 + α_1)/1.4 > 1, i.e. α_1 > 0.4.
+    assert ks[:4] == [4, 1, 1, 0]
+    # From then on only the probes draft: rounds 16, 32, 48 (one in every PROBE_EVERY), K = 1 each.
+    assert [(i, k) for i, k in enumerate(ks) if i >= 3 and k] == [(PROBE_EVERY * m - 1, 1) for m in (1, 2, 3)]
+    e = d.estimates()
+    assert e["draft_s"] == pytest.approx(0.3) and e["plain_s"] == pytest.approx(1.0)
+    assert e["verify_s"][2] == pytest.approx(1.1) and e["verify_s"][9] == pytest.approx(1.8)  # 9 rows: the line
+    assert e["measured"] == [1, 2, 5]
+    assert e["alpha"][1:] == [ALPHA_PRIOR] * 7 and e["tested"][1:] == [0] * 7  # a = 0 tests draft 1 only
+
+
+@pytest.mark.parametrize("idle", [0, 200])
+def test_the_estimates_recover_when_drafts_are_kept_again(idle: int) -> None:
+    d = DraftLength(4, "auto")
+    run(d, 4 + idle, keep=False)
+    assert d.best(8) == 0
+    # Now every draft is kept. The first probe comes within PROBE_EVERY rounds and a kept probe is
+    # followed by another, so α_1 is tested every round from then on. After 200 rounds at K = 0
+    # (12 rejected probes) α_1 = 0.3645·0.9^12 = 0.103, and four kept probes lift it above 0.4:
+    # 1 - 0.9^4·(1 - 0.103) = 0.41. So the estimates choose K > 0 within PROBE_EVERY + 4 rounds.
+    ks, best = [], []
+    for _ in range(PROBE_EVERY + 4):
+        ks += run(d, 1, keep=True)
+        best.append(d.best(8))
+    assert best[-1] > 0
+    first = next(i for i, k in enumerate(ks) if k)
+    assert all(ks[first:])  # once a probe is kept, every round drafts
+    # Deeper positions are probed the same way, one more draft at a time: K climbs to max_k
+    # (about 70 rounds from the prior 0.5 at positions 2..8).
+    assert 8 in run(d, 80, keep=True)
+
+
+def test_only_tested_drafts_update_alpha() -> None:
+    d = DraftLength(4, "auto")
+    d.observe(4, accepted=1, draft_seconds=1.2, verify_seconds=1.4)
+    # Draft 1 kept, draft 2 tested and rejected, drafts 3 and 4 never tested.
+    assert d.alpha[:4] == [ALPHA_PRIOR + WEIGHT * (1 - ALPHA_PRIOR), ALPHA_PRIOR - WEIGHT * ALPHA_PRIOR,
+                           ALPHA_PRIOR, ALPHA_PRIOR]
+    assert d.tested[:4] == [1, 1, 0, 0]
+    d.observe(3, accepted=3, draft_seconds=0.9, verify_seconds=1.3)  # all kept: 1..3 tested, none rejected
+    assert d.tested[:4] == [2, 2, 1, 0]
+    assert d.alpha[2] == pytest.approx(ALPHA_PRIOR + WEIGHT * (1 - ALPHA_PRIOR))
+    assert d.estimates()["draft_s"] == pytest.approx(0.3)  # 1.2/4, then 0.9/3
+
+
+def test_costs_are_measured_per_row_count_and_read_off_a_line() -> None:
+    d = DraftLength(1, "auto")
+    e = d.estimates()  # priors: a verify costs one plain step whatever n, a draft step 0.1 of one
+    assert e["plain_s"] == 1.0 and e["draft_s"] == pytest.approx(0.1) and set(e["verify_s"].values()) == {1.0}
+    d.observe(4, accepted=0, draft_seconds=0.08, verify_seconds=0.5)
+    assert d.verify(1) == d.verify(9) == 0.5  # one n seen: flat
+    d.observe(0, accepted=0, draft_seconds=0.0, verify_seconds=0.3)
+    assert d.verify(3) == pytest.approx(0.4) and d.verify(9) == pytest.approx(0.7)  # the line through n = 1, 5
+    d.observe(0, accepted=0, draft_seconds=0.0, verify_seconds=0.4)
+    assert d.verify(1) == pytest.approx(0.31)  # EWMA: 0.3 + 0.1·(0.4 - 0.3)
+    d = DraftLength(1, "auto")
+    d.observe(1, accepted=0, draft_seconds=0.1, verify_seconds=1.0)
+    d.observe(2, accepted=0, draft_seconds=0.2, verify_seconds=1.8)
+    # The line through n = 2, 3 is 1 + 0.8(n - 2): 2.6 at n = 4, more per row than 2 rows cost (2·1.0);
+    # 0.2 at n = 1, less per row than 3 rows cost (1.8/3). Both are held to those bounds.
+    assert d.verify(4) == pytest.approx(2.0)
+    assert d.verify(1) == pytest.approx(0.6)
+
+
+def test_fixed_quantities_are_not_updated() -> None:
+    costs = [0.0, 1.0, 1.1, 1.2, 1.3, 1.4]  # [n]: a verify of n rows
+    d = DraftLength(1, "auto", max_k=4, costs=costs.__getitem__, draft_cost=0.2, acceptance=[0.7] * 4)
+    before = d.estimates()
+    for k in (4, 0, 2):
+        d.observe(k, accepted=k // 2, draft_seconds=5.0 * k, verify_seconds=7.0)
+    assert d.estimates() == before
+    d = DraftLength(1, "auto", max_k=4, acceptance=[0.7] * 4)  # acceptance fixed, costs learned
+    d.observe(2, accepted=0, draft_seconds=0.4, verify_seconds=1.0)
+    assert d.alpha == [0.7] * 4 and d.estimates()["draft_s"] == pytest.approx(0.2)
+
+
+def test_estimates_and_probing_carry_across_calls() -> None:
+    d = DraftLength(4, "auto")
+    run(d, 10, keep=False)
+    e = d.estimates()
+    d.start_call()
+    assert d.estimates() == e and d.next(100) == 0
+
+
+def test_probes_draft_one_more_when_there_is_room() -> None:
+    # Flat verify, draft step 0.6: K = 1 pays iff (1 + α_1)/1.6 > 1, i.e. α_1 > 0.6.
+    d = DraftLength(1, "auto", max_k=4, costs=lambda n: 1.0, draft_cost=0.6, probe_every=3)
+    d.observe(1, accepted=0, draft_seconds=0.6, verify_seconds=1.0)  # α_1 = 0.45: K = 0 is best
+    assert [d.next(0) for _ in range(6)] == [0] * 6  # no room: nothing to probe, and no round counted
+    assert [d.next(1) for _ in range(6)] == [0, 0, 1, 0, 0, 1]
+    d.observe(1, accepted=1, draft_seconds=0.6, verify_seconds=1.0)  # the probe kept: probe again
+    assert d.alpha[0] == pytest.approx(0.505) and d.best(4) == 0 and d.next(4) == 1
+    d = DraftLength(1, "auto", max_k=2, costs=lambda n: 1.0, draft_cost=0.01, probe_every=2)
+    d.observe(1, accepted=1, draft_seconds=0.01, verify_seconds=1.0)
+    assert [d.next(2) for _ in range(4)] == [2, 2, 2, 2]  # at max_k: nothing deeper to probe
+    assert [d.next(1) for _ in range(3)] == [1, 1, 1]  # room 1: a probe of 2 drafts does not fit
+    d = DraftLength(1, "auto", max_k=2, costs=lambda n: 1.0, draft_cost=0.5, acceptance=[0.0, 0.0], probe_every=1)
+    assert [d.next(2) for _ in range(3)] == [0, 0, 0]  # acceptance fixed: a probe would learn nothing
+
+
+# ---------------------------------------------------------------- the former schedules
+def former(schedule: str, initial: int, rounds: list[tuple[int, int]]) -> list[int]:
+    """The K sequence of the former loop: min(current, room), then update(a, k) when k > 0."""
+    d, ks = DraftLength(initial, schedule), []
+    for room, a in rounds:
+        k = min(d.current, room)
+        ks.append(k)
+        if k:
+            d.update(min(a, k), k)
+    return ks
+
+
+ROUNDS = [(100, 9), (100, 9), (100, 0), (3, 9), (100, 1), (0, 0), (100, 0), (100, 0), (100, 0), (100, 9)]
+
+
+@pytest.mark.parametrize("schedule", ["constant", "heuristic", "heuristic_transient"])
+def test_former_schedules_unchanged(schedule: str) -> None:
+    d, ks = DraftLength(3, schedule), []
+    for room, a in ROUNDS:
+        k = d.next(room)
+        d.observe(k, accepted=min(a, k), draft_seconds=0.1 * k, verify_seconds=1.0)
+        ks.append(k)
+    assert ks == former(schedule, 3, ROUNDS)
+    expected = {"constant": [3, 3, 3, 3, 3, 0, 3, 3, 3, 3], "heuristic": [3, 5, 7, 3, 8, 0, 7, 6, 5, 4],
+                "heuristic_transient": [3, 5, 7, 3, 8, 0, 7, 6, 5, 4]}
+    assert ks == expected[schedule]
+
+
+def test_heuristic_carries_across_calls_and_transient_restarts() -> None:
+    for schedule, grown, next_call in (("heuristic", 6, 6), ("heuristic_transient", 6, 2), ("constant", 2, 2)):
+        d = DraftLength(2, schedule)
+        d.start_call()
+        for _ in range(2):  # two rounds with every draft kept: 2 -> 4 -> 6
+            k = d.next(100)
+            d.observe(k, accepted=k, draft_seconds=0.1 * k, verify_seconds=1.0)
+        assert d.current == grown, schedule
+        d.start_call()
+        assert d.next(100) == next_call, schedule
+
+
+def test_bad_arguments() -> None:
+    assert SCHEDULES == ("constant", "heuristic", "heuristic_transient", "auto")
+    for args, kwargs, message in [
+        ((4, "fast"), {}, "schedule must be one of constant, heuristic, heuristic_transient, auto"),
+        ((0,), {}, "at least 1"), ((0, "auto"), {}, "at least 1"),
+        ((4, "auto"), {"max_k": 0}, "max_k"), ((9, "auto"), {}, "initial=9 is above it"),
+        ((4, "constant"), {"max_k": 4}, "only apply to the auto schedule"),
+        ((4, "heuristic"), {"acceptance": [0.5] * 8}, "only apply to the auto schedule"),
+        ((2, "auto"), {"max_k": 2, "acceptance": [0.5]}, "acceptance must hold max_k=2"),
+        ((2, "auto"), {"max_k": 2, "acceptance": [0.5, 1.5]}, "acceptance must hold"),
+        ((2, "auto"), {"probe_every": 0}, "probe_every"), ((2, "auto"), {"draft_cost": -1.0}, "draft_cost"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            DraftLength(*args, **kwargs)
+    d = DraftLength(2, "auto", max_k=2)
+    with pytest.raises(ValueError, match="room"):
+        d.next(-1)
+    with pytest.raises(ValueError, match="accepted"):
+        d.observe(1, accepted=2, draft_seconds=0.1, verify_seconds=1.0)
+    with pytest.raises(ValueError, match="above max_k"):
+        d.observe(3, accepted=0, draft_seconds=0.1, verify_seconds=1.0)
+    with pytest.raises(ValueError, match="observe"):
+        d.update(1, 2)
