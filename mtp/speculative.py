@@ -84,7 +84,8 @@ def speculative_generate(
 
         # 4. Accept a prefix of the drafts: greedy token equality, or the sampling rules (mtp/accept.py).
         a, last = accept(drafts, out.logits[0], sampler, t, q)
-        draft_length.observe(k, a, drafted - start, time.perf_counter() - drafted)
+        verified = time.perf_counter()  # the accepted count is on the host: the verify has finished
+        draft_length.observe(k, a, drafted - start, verified - drafted)
 
         # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
         block = cut_at_stop(drafts[:a] + [last], stop_ids)
@@ -94,7 +95,7 @@ def speculative_generate(
         cache.length = t + a + 1
         hidden = out.hidden[0, a]  # h[t'-1] with t' = t + a + 1
 
-        stats.record(drafts, a, block)
+        stats.record(drafts, a, block, verified - start)
         if on_commit:
             on_commit(block, [i < min(a, len(block)) for i in range(len(block))])
         # 7. Stop on a committed stop id, the budget or the context: `finish_reason`.

@@ -1,12 +1,14 @@
 """What a speculative run did: per-round drafts and acceptance, and the run's result."""
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 
 @dataclass
 class Round:
-    drafted: list[int]  # d_1..d_K_eff as proposed
+    drafted: list[int]  # d_1..d_K as proposed; empty in a round that drafted nothing (K = 0: a plain step)
     accepted: int  # a: the length of the matching prefix (before any stop-id cut)
+    seconds: float = 0.0  # the round's draft and verify
 
 
 @dataclass
@@ -19,13 +21,11 @@ class SpecStats:
     drafted_at: list[int] = field(default_factory=list)  # [i]: rounds that drafted an i+1-th token
     accepted_at: list[int] = field(default_factory=list)  # [i]: rounds whose i+1-th draft was committed
 
-    def record(self, drafts: list[int], a: int, block: list[int]) -> None:
+    def record(self, drafts: list[int], a: int, block: list[int], seconds: float = 0.0) -> None:
         """One round: drafts d_1..d_K, a of them matched, `block` committed (cut after a stop id)."""
         committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
         self.emitted += len(block)
-        if not drafts:
-            return
-        self.rounds.append(Round(drafts, a))
+        self.rounds.append(Round(drafts, a, seconds))
         self.drafted += len(drafts)
         self.accepted += committed_drafts
         for i in range(len(drafts)):
@@ -53,3 +53,13 @@ class SpecResult:
     tokens: list[int]
     stats: SpecStats
     finish_reason: str  # "stop" or "length"
+
+    @property
+    def k_histogram(self) -> dict[int, int]:
+        """K -> the rounds that drafted K tokens, K = 0 included."""
+        return dict(sorted(Counter(len(r.drafted) for r in self.rounds).items()))
+
+    @property
+    def seconds_at_zero(self) -> float:
+        """Time spent in rounds that drafted nothing (plain decode steps)."""
+        return sum(r.seconds for r in self.rounds if not r.drafted)

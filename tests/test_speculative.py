@@ -115,10 +115,10 @@ def reference_loop(
     hands the drafter the K/V of positions 0..t-1, and verifies by recomputing everything again."""
     seq = list(prompt_ids)
     seq.append(int(target(torch.tensor([seq]))[0, -1].argmax()))
-    rounds, k = [], length.initial
+    rounds = []
     while len(seq) - len(prompt_ids) < max_new:
         t = len(seq) - 1
-        k_eff = min(k, max_new - (len(seq) - len(prompt_ids)) - 1)
+        k_eff = length.next(max_new - (len(seq) - len(prompt_ids)) - 1)  # the schedule's K, within the budget
         before = target.run(torch.tensor([seq[:t]]))  # positions 0..t-1, fresh
         drafts = drafter.draft(target, seq[t], before.hidden[0, -1], t, before.shared_kv, k_eff) if k_eff else []
         greedy = target(torch.tensor([seq + drafts]))[0, t:].argmax(-1).tolist()  # g_0..g_K
@@ -126,10 +126,8 @@ def reference_loop(
         while a < len(drafts) and drafts[a] == greedy[a]:
             a += 1
         seq += drafts[:a] + [greedy[a]]
-        if drafts:
-            rounds.append((drafts, a))
-            if length.schedule != "constant":
-                k = k + 2 if a == len(drafts) else max(1, k - 1)
+        rounds.append((drafts, a))
+        length.observe(k_eff, a, 0.2 * k_eff, 1.0 + 0.1 * k_eff)  # auto: fixed costs below, so no clock is read
     return seq[len(prompt_ids):], rounds
 
 
@@ -139,8 +137,10 @@ def reference_loop(
 @pytest.mark.parametrize("shape", SHAPES)
 def test_matches_reference_loop(models, shape: str, drafter: str, k: int, schedule: str) -> None:  # noqa: ANN001
     target, draft_model = models[shape, drafter]
-    tokens, rounds = reference_loop(target, draft_model, prompt("long"), 30, DraftLength(k, schedule))
-    result = speculative_generate(target, draft_model, prompt("long"), 30, DraftLength(k, schedule))
+    # `auto` with its costs fixed: both loops then choose K from the same acceptance alone.
+    fixed = {"costs": lambda n: 1.0 + 0.1 * (n - 1), "draft_cost": 0.2} if schedule == "auto" else {}
+    tokens, rounds = reference_loop(target, draft_model, prompt("long"), 30, DraftLength(k, schedule, **fixed))
+    result = speculative_generate(target, draft_model, prompt("long"), 30, DraftLength(k, schedule, **fixed))
     assert result.tokens == tokens
     assert [(r.drafted, r.accepted) for r in result.stats.rounds] == rounds
 

@@ -18,6 +18,7 @@ Shape legend: B rows still in the batch, K drafts, V vocab, E target hidden, D d
 """
 
 import copy
+import time
 from collections.abc import Sequence
 
 import torch
@@ -79,7 +80,7 @@ def speculative_generate_batch(
     longest = max(min(len(p) + n, context) for p, n in zip(prompts, budgets))
     cache = new_cache(target, len(prompts), longest + min(max(budgets), context))
     draft_length.start_call()
-    lengths = [copy.copy(draft_length) for _ in prompts]
+    lengths = [copy.deepcopy(draft_length) for _ in prompts]  # each row adapts its own, `auto`'s estimates included
     stats = [SpecStats(target_forwards=1, emitted=1) for _ in prompts]
     results: list[SpecResult | None] = [None] * len(prompts)
 
@@ -114,7 +115,7 @@ def speculative_generate_batch(
         k = max(k_eff)
         newest = torch.tensor([seqs[b][-1] for b in rows], device=device)  # (B,) seq_b[t_b]
         kv = target_kv(cache, target, max(t))  # (B, K, max t, D): row b's keys past t_b - 1 are stale
-        q = None
+        q, start = None, time.perf_counter()
         if k:
             drafted, q = draft_rows(drafter, target, newest, hidden, cache.length, kv, k,
                                     [samplers[b] for b in rows] if sampled_drafts else None)  # (B, k), (B, k, V)
@@ -122,10 +123,12 @@ def speculative_generate_batch(
         else:
             drafted = [[]] * len(rows)
         drafts = [d[:n] for d, n in zip(drafted, k_eff)]
+        drafted_at = time.perf_counter()
 
         # 3. Verify [seq_b[t_b], d_1..d_K_b] at positions t_b..t_b+K_b, all rows in one target forward.
         ids = torch.tensor([[seqs[b][-1]] + d + [PAD] * (k - len(d)) for b, d in zip(rows, drafts)], device=device)
         out = target.run(ids, cache, start_pos=cache.length)  # logits (B, k+1, V)
+        verify_s = time.perf_counter() - drafted_at  # one forward serves every row: each row sees the batch's costs
 
         accepted = []
         for i, b in enumerate(rows):
@@ -136,9 +139,9 @@ def speculative_generate_batch(
             # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
             block = cut_at_stop(d[:a] + [last], stops[b])
             seqs[b] += block
-            stats[b].record(d, a, block)  # as the solo loop keeps them
+            stats[b].record(d, a, block, verify_s)  # as the solo loop keeps them
             stats[b].target_forwards += 1
-            lengths[b].observe(len(d), a, 0.0, 0.0)  # one forward serves every row: no per-row cost
+            lengths[b].observe(len(d), a, (drafted_at - start) * len(d) / max(k, 1), verify_s)
             accepted.append(a)
 
         # 6. Roll back, row by row: positions t_b..t_b+a_b hold committed K/V; the rest is stale.
