@@ -5,11 +5,7 @@
   A write past the allocated positions grows that layer's buffers to twice their size (at least to
   the write's end, at most to `capacity`) with one copy of what they held, so a conversation on a
   128k-context model holds about what it has used, and the copies add up to less than the final size.
-  What growth costs, on E2B's shapes (15 layers own K/V: 36 KiB per position in float32, so the
-  128k context would be 4.5 GiB preallocated): a 4096-position conversation (8 turns of a 256-token
-  prefill and 256 one-token writes) spends 0.1-0.2 s in growth copies in all, 30-50 us per token,
-  four orders of magnitude below one E2B decode step (one CPU thread, Sapphire Rapids, a busy
-  machine; medians of 5 in two runs).
+  Growth copies cost four orders of magnitude less than an E2B decode step (scripts/benchmark.md).
   While a layer grows, its old and new buffers coexist: the peak is 1.5x the new size for that layer.
 
 - Only non-shared layers own buffers: KV-shared layers (and the MTP drafter) read the buffers of

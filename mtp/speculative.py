@@ -19,6 +19,7 @@ Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4)
 """
 
 import time
+from typing import Protocol
 
 import torch
 
@@ -29,16 +30,26 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, cut_at_stop, first_token
 from mtp.drafter import Drafter
-from mtp.schedule import DraftLength
 from mtp.stats import SpecResult, SpecStats
 
 DRAFTING = ("argmax", "sample")
 
 
+class Schedule(Protocol):
+    """What the loop asks of a draft-length schedule (mtp/schedule.py `DraftLength`: constant, heuristic, auto)."""
+
+    def start_call(self) -> None: ...
+
+    def next(self, room: int) -> int:  # K for the next round, 0..room
+        ...
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
+
+
 @torch.inference_mode()
 def speculative_generate(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
-    draft_length: DraftLength, stop_ids: list[int] | tuple[int, ...] = (),
+    draft_length: Schedule, stop_ids: list[int] | tuple[int, ...] = (),
     sampler: SamplerConfig | None = None, drafting: str = "argmax",
     on_commit=None,  # noqa: ANN001 (optional callback(tokens, from_drafter flags) for streaming)
     cache: KVCache | None = None, reuse: int = 0,

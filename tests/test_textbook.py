@@ -1,0 +1,26 @@
+"""The loop's textbook path (tests/textbook_path.py) stays short and free of kernel code, and the textbook
+model never imports the speed layer."""
+
+import ast
+
+from tests.textbook_path import REPO, module_file, textbook_path
+
+KERNEL_WORDS = ("mkldnn", "onednn", "gemma4.fast", "_linear_pointwise", "packing")
+
+
+def test_the_path_is_short_and_holds_no_kernel_code() -> None:
+    path = textbook_path()
+    assert {"mtp.speculative", "mtp.accept", "mtp.drafter", "gemma4.model", "gemma4.cache"} <= set(path)
+    assert "gemma4.weights" not in path and "mtp.loading" not in path  # the loaders are off the path
+    assert not any(m.startswith(("gemma4.fast", "mtp.extras", "gemma4.extras")) for m in path)
+    assert sum(path.values()) <= 1400, path
+    for module in path:
+        text = module_file(module).read_text().lower()
+        assert not any(word in text for word in KERNEL_WORDS), module
+
+
+def test_the_model_files_import_no_speed_layer() -> None:
+    for name in ("model.py", "norms.py", "moe.py", "cache.py", "generate.py"):
+        tree = ast.parse((REPO / "gemma4" / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not any(m and m.startswith("gemma4.fast") for m in imported), name
