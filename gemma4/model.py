@@ -83,11 +83,9 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None)
     return visible if q_pos.dim() == 1 else visible[:, None]
 
 
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """(T, S) bool -> (T, S) 0 / -inf, built once per forward, not per layer; None when every key is
-    visible (a one-token decode step): SDPA without a mask gives the same numbers."""
-    if bool(visible.all()):
-        return None
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(T, S) bool -> (T, S) 0 / -inf, built once per forward, not per layer (SDPA would convert a bool mask
+    in every layer)."""
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
 
 
@@ -99,19 +97,23 @@ class LayerInputs(NamedTuple):
     key_start: int  # sliding layers skip keys that left every query's window
 
 
-def layer_inputs(c: TextConfig, positions: torch.Tensor, num_keys: int, dtype: torch.dtype, shift: int = 0
-                 ) -> dict[str, LayerInputs]:
+def layer_inputs(c: TextConfig, positions: torch.Tensor, num_keys: int, dtype: torch.dtype, shift: int = 0,
+                 first: int | None = None) -> dict[str, LayerInputs]:
     """RoPE at `positions` ((T,), or (B, T) per row) and masks over keys 0..num_keys-1, once per layer type.
     The target's queries see keys up to their own position (shift 0). The drafter passes shift 1: its query
-    at t sees the target's keys 0..t-1, and its sliding layers one key more than the target's (mtp §5)."""
+    at t sees the target's keys 0..t-1, and its sliding layers one key more than the target's (mtp §5).
+    `first`: the smallest position, where the caller knows it (reading it from the device waits for it)."""
     mask_pos = positions - shift  # the newest key each query may see
+    newest = (int(positions.min()) if first is None else first) - shift
+    # One query that sees every key it is given (a decode or draft step): no mask at all, the same numbers.
+    every_key = positions.numel() == 1 and num_keys == newest + 1
     out = {}
     for kind in set(c.layer_types):
         window = c.sliding_window + shift if kind == SLIDING else None
         # Keys that left every query's window are not even multiplied (sliding layers only).
-        key_start = max(0, int(mask_pos.min()) - window + 1) if window else 0
+        key_start = max(0, newest - window + 1) if window else 0
         keys = torch.arange(key_start, num_keys, device=positions.device)  # (S',)
-        mask = additive_mask(attention_mask(mask_pos, keys, window), dtype)  # (T, S') or (B, 1, T, S')
+        mask = None if every_key else additive_mask(attention_mask(mask_pos, keys, window), dtype)  # (T, S') or (B, 1, T, S')
         head_dim = c.head_dims[c.layer_types.index(kind)]
         cos, sin = rope_cos_sin(positions, rope_frequencies(c.rope[kind], head_dim, positions.device), dtype)
         out[kind] = LayerInputs(cos, sin, mask, key_start)
@@ -309,7 +311,7 @@ class Gemma4Model(nn.Module):
         else:  # per row: where each row's K/V go, computed once per forward
             positions, slots = start_pos[:, None] + steps, cache.row_slots(start_pos, t)  # (B, T)
             end = slots.end
-        inputs = layer_inputs(c, positions, end, x.dtype)
+        inputs = layer_inputs(c, positions, end, x.dtype, first=start_pos if isinstance(start_pos, int) else None)
         ples = [None] * c.num_layers if ple is None else ple.unbind(dim=2)  # L x (B, T, P)
         source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
         h = x

@@ -90,10 +90,11 @@ class Drafter(nn.Module):
         else:
             self.head = TiedHead()  # a dense head over `model.embed_tokens` (26B/31B)
 
-    def layer_inputs(self, positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> dict[str, LayerInputs]:
+    def layer_inputs(self, positions: torch.Tensor, num_keys: int, dtype: torch.dtype, first: int | None = None
+                     ) -> dict[str, LayerInputs]:
         """RoPE at the query positions ((T,) or per row (B, T)) and masks over the target's keys 0..num_keys-1.
         A query at t sees keys 0..t-1 and its sliding layers the newest W_d + 1 of them (§5): shift 1."""
-        return layer_inputs(self.config.text, positions, num_keys, dtype, shift=1)
+        return layer_inputs(self.config.text, positions, num_keys, dtype, shift=1, first=first)
 
     def step(
         self, token_embedding: torch.Tensor, hidden: torch.Tensor, inputs: dict[str, LayerInputs],
@@ -136,18 +137,20 @@ class Drafter(nn.Module):
         """k drafts as `draft`, greedy without a sampler. With one (`sample` drafting, §11), draft j is
         drawn from the drafter's warped distribution q_j with the DRAFT stream keyed at its position
         t + j, and q (k, V) is returned too for the rejection test."""
-        inputs = self.layer_inputs(torch.tensor([t], device=hidden.device), t, hidden.dtype)
+        device = hidden.device
+        inputs = self.layer_inputs(torch.arange(t, t + 1, device=device), t, hidden.dtype, first=t)
         h = hidden[None, None]  # (1, 1, E)
-        drafts: list[int] = []
+        ids = torch.full((1, 1), token, device=device)  # (1, 1)
+        drafted: list[torch.Tensor] = []  # greedy drafts stay on the device: the host reads them once, below
         probs: list[torch.Tensor] = []
         for j in range(1, k + 1):
-            ids = torch.tensor([[token]], device=hidden.device)  # (1, 1)
             hn, h = self.step(target.embed(ids), h, inputs, shared_kv)  # (1, 1, D), (1, 1, E)
             if sampler is None:
-                token = int(self.greedy_token(hn[:, 0]))
+                ids = self.greedy_token(hn[:, 0])[:, None]  # (1, 1)
             else:
                 q = warp(self.logits(hn[:, 0], filler=float("-inf")), sampler)  # (1, V), filler at 0
-                token = keyed_sample(q, sampler.seed, DRAFT, [t + j])[0]
+                ids = torch.full((1, 1), keyed_sample(q, sampler.seed, DRAFT, [t + j])[0], device=device)
                 probs.append(q[0])
-            drafts.append(token)
+            drafted.append(ids)
+        drafts = torch.cat(drafted, dim=1)[0].tolist() if drafted else []  # (k,)
         return drafts, torch.stack(probs) if probs else None  # q: (k, V)

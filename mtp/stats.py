@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 class Round:
     drafted: list[int]  # d_1..d_K as proposed; empty in a round that drafted nothing (K = 0: a plain step)
     accepted: int  # a: the length of the matching prefix (before any stop-id cut)
-    seconds: float = 0.0  # the round's draft and verify
+    seconds: float = field(default=0.0, compare=False)  # the round's draft and verify: a measurement, not an outcome
 
 
 @dataclass
