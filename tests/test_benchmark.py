@@ -93,7 +93,10 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
             "first-forward peak / weights as loaded (bf16)", "demo: ATen calls per decode step of the target",
             "bench: plain decode, packed / pack=False", "demo: plain decode, packed / pack=False"} <= set(goals)
     printed = benchmark.table(result)
-    assert "== goals" in printed and "NOT" not in printed
+    # The goals block ends the table: a row per goal of the result, in its order, with its name and measured value.
+    rows = printed.partition("\n== goals")[2].splitlines()[1:]
+    assert [(row.split("goal ")[0].strip(), row.split()[-1]) for row in rows] == \
+        [(g["goal"], "n/a" if g["value"] is None else f"{g['value']:.3f}") for g in result["goals"]]
     assert all(f"{c['shape'][0]}x{c['shape'][1]}" in printed for c in result["demo"]["packing"]["target"])
 
 
