@@ -284,7 +284,7 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
 
 # ---------------------------------------------------------------- command line
 
-def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
+def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
          e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool,
          sampling_vocab: int = FULL_VOCAB) -> dict:
     torch.set_num_threads(threads)
@@ -390,6 +390,7 @@ if __name__ == "__main__":
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
-    out = main(only, a.target, a.assistant, a.tokens, a.e2b_tokens, a.reps, a.e2b_reps, a.k, a.e2b_dir, a.threads,
-               a.copy_mib, not a.no_transformers, a.sampling_vocab)
+    out = main(sections=only, target_dir=a.target, assistant_dir=a.assistant, tokens=a.tokens, e2b_tokens=a.e2b_tokens,
+               reps=a.reps, e2b_reps=a.e2b_reps, k=a.k, e2b_dir=a.e2b_dir, threads=a.threads, copy_mib=a.copy_mib,
+               use_transformers=not a.no_transformers, sampling_vocab=a.sampling_vocab)
     print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out))

@@ -188,23 +188,23 @@ class Session:
         return True
 
 
-def main(a: ModelFlags, system: str | None, think: bool, json_output: bool, source: TextIO,
-         demo_target: Path = DEMO_TARGET) -> int:
+def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, json_output: bool = False,
+         source: TextIO, demo_target: Path = DEMO_TARGET) -> int:
     """Hold a conversation until /exit or the end of the input; returns the exit status."""
-    check_values(a)
-    if a.show_drafts and json_output:
+    check_values(flags)
+    if flags.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
     say: Callable[[str], None] = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
-    target, dev, dtype = load_target_from(a, say, demo_target)
+    target, dev, dtype = load_target_from(flags, say, demo_target)
     tokenizer = chat_tokenizer(target, think)
-    assistant = load_assistant_from(a, target, dev, dtype, say)
+    assistant = load_assistant_from(flags, target, dev, dtype, say)
     say(sampling_line(target, assistant))
-    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if a.max_new_tokens is None else a.max_new_tokens
+    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
     say(chat_line(target, system, think, max_new_tokens))
     prompt = not json_output and source.isatty()
     if prompt:
         say(HELP)
-    sinks = text_sinks(a.show_drafts, json_output, say)
+    sinks = text_sinks(flags.show_drafts, json_output, say)
     say("")
 
     conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think, target.stops)
@@ -266,8 +266,9 @@ def parser() -> Parser:
 
 def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target: Path = DEMO_TARGET) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    return guarded(lambda: main(ModelFlags.parsed(args), args.system, args.think, args.json_output,
-                                sys.stdin if source is None else source, demo_target))
+    return guarded(lambda: main(flags=ModelFlags.parsed(args), system=args.system, think=args.think,
+                                json_output=args.json_output, source=sys.stdin if source is None else source,
+                                demo_target=demo_target))
 
 
 if __name__ == "__main__":

@@ -153,7 +153,7 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(target_dir: Path, assistant_dir: Path, prompts: int, seeds: int, temperatures: list[float], k: int,
+def main(*, target_dir: Path, assistant_dir: Path, prompts: int, seeds: int, temperatures: list[float], k: int,
          new_tokens: int, top_k: int, top_p: float, threads: int, json_path: Path | None) -> None:
     torch.set_num_threads(threads)
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
@@ -163,7 +163,8 @@ def main(target_dir: Path, assistant_dir: Path, prompts: int, seeds: int, temper
     speculative_generate(target, drafter, held[0], 8, DraftLength(k))
     rows = []
     for temperature in [0.0] + temperatures:
-        rows.append(measure(target, drafter, held, temperature, seeds, k, new_tokens, top_k, top_p))
+        rows.append(measure(target, drafter, held, temperature, seeds=seeds, k=k, new_tokens=new_tokens, top_k=top_k,
+                            top_p=top_p))
         print(f"  {rows[-1].setting}: done", file=sys.stderr, flush=True)
     print(f"{assistant_dir} on {target_dir}: K = {k}, {prompts} held-out prompts x {seeds} seeds (greedy: x 1), "
           f"{new_tokens} new tokens, top-k {top_k}, top-p {top_p}, {threads} thread(s)")
@@ -188,5 +189,6 @@ if __name__ == "__main__":
     p.add_argument("--threads", type=int, default=1, help="1 is fastest for a model this small")
     p.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     a = p.parse_args()
-    main(a.target, a.assistant, a.prompts, a.seeds, [float(t) for t in a.temperatures.split(",")], a.k,
-         a.new_tokens, a.top_k, a.top_p, a.threads, a.json)
+    main(target_dir=a.target, assistant_dir=a.assistant, prompts=a.prompts, seeds=a.seeds,
+         temperatures=[float(t) for t in a.temperatures.split(",")], k=a.k, new_tokens=a.new_tokens, top_k=a.top_k,
+         top_p=a.top_p, threads=a.threads, json_path=a.json)

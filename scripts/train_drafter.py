@@ -193,7 +193,7 @@ def unrolled_loss(drafter: Drafter, target: Gemma4Model, seq: torch.Tensor, step
     return loss / steps, accuracy
 
 
-def main(target_dir: Path, out: Path, corpus: Path | None, steps: int, batch: int, prompt_len: int,
+def main(*, target_dir: Path, out: Path, corpus: Path | None, steps: int, batch: int, prompt_len: int,
          generate: int, gen_batches: int, draft_steps: int, lr: float, hidden: int, intermediate: int, heads: int,
          num_centroids: int, top_k: int, num_assistant_tokens: int, seed: int, max_files: int | None,
          dtype: torch.dtype, target_dtype: torch.dtype, device: str, threads: int, eval_prompts: int,
@@ -252,8 +252,8 @@ def main(target_dir: Path, out: Path, corpus: Path | None, steps: int, batch: in
         prompts = held_out_prompts(held, eval_prompts, PROMPT_TOKENS)
         trained = load_drafter(out, device=device)
         for temperature in (0.0, 0.7):  # the greedy row and one sampled row; measure_pair.py has the rest
-            row = measure(target, trained, prompts, temperature, 1, num_assistant_tokens, 64, distill.top_k,
-                          distill.top_p)
+            row = measure(target, trained, prompts, temperature, seeds=1, k=num_assistant_tokens, new_tokens=64,
+                          top_k=distill.top_k, top_p=distill.top_p)
             cells = [("argmax", row.argmax)] + ([("sample", row.sample)] if row.sample else [])
             print(f"held-out acceptance at K={num_assistant_tokens}, {row.setting}: " + ", ".join(
                 f"{name} drafting {c.acceptance:.3f} ({c.per_forward:.2f} tokens per target forward)"
@@ -318,7 +318,9 @@ if __name__ == "__main__":
     p.add_argument("--eval-prompts", type=int, default=10, help="held-out prompts for the final acceptance (0: skip)")
     a = p.parse_args()
     d = parse_distill(a, p)
-    main(a.target, a.out, a.corpus, a.steps, a.batch, a.prompt_len, a.generate, a.gen_batches, a.draft_steps, a.lr,
-         a.hidden, a.intermediate, a.heads, a.num_centroids, a.centroid_top_k, a.num_assistant_tokens, a.seed,
-         a.max_files, parse_dtype(a.dtype), parse_dtype(a.target_dtype), a.device, a.threads, a.eval_prompts, d,
-         a.init)
+    main(target_dir=a.target, out=a.out, corpus=a.corpus, steps=a.steps, batch=a.batch, prompt_len=a.prompt_len,
+         generate=a.generate, gen_batches=a.gen_batches, draft_steps=a.draft_steps, lr=a.lr, hidden=a.hidden,
+         intermediate=a.intermediate, heads=a.heads, num_centroids=a.num_centroids, top_k=a.centroid_top_k,
+         num_assistant_tokens=a.num_assistant_tokens, seed=a.seed, max_files=a.max_files,
+         dtype=parse_dtype(a.dtype), target_dtype=parse_dtype(a.target_dtype), device=a.device, threads=a.threads,
+         eval_prompts=a.eval_prompts, distill=d, init=a.init)

@@ -122,7 +122,7 @@ def held_out_loss(model: Gemma4Model, stream: torch.Tensor, seq_len: int, batche
     return sum(losses) / len(losses)
 
 
-def main(out: Path, steps: int, batch: int, seq_len: int, lr: float, vocab_size: int, layers: int, hidden: int,
+def main(*, out: Path, steps: int, batch: int, seq_len: int, lr: float, vocab_size: int, layers: int, hidden: int,
          intermediate: int, heads: int, head_dim: int, window: int, ple_dim: int, context: int, seed: int,
          max_files: int | None, minutes: float | None, dtype: torch.dtype, threads: int) -> None:
     torch.set_num_threads(threads)
@@ -195,5 +195,7 @@ if __name__ == "__main__":
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of the saved weights")
     p.add_argument("--threads", type=int, default=1, help="1 is fastest while anything else runs")
     a = p.parse_args()
-    main(a.out, a.steps, a.batch, a.seq_len, a.lr, a.vocab_size, a.layers, a.hidden, a.intermediate, a.heads,
-         a.head_dim, a.window, a.ple_dim, a.context, a.seed, a.max_files, a.minutes, parse_dtype(a.dtype), a.threads)
+    main(out=a.out, steps=a.steps, batch=a.batch, seq_len=a.seq_len, lr=a.lr, vocab_size=a.vocab_size,
+         layers=a.layers, hidden=a.hidden, intermediate=a.intermediate, heads=a.heads, head_dim=a.head_dim,
+         window=a.window, ple_dim=a.ple_dim, context=a.context, seed=a.seed, max_files=a.max_files,
+         minutes=a.minutes, dtype=parse_dtype(a.dtype), threads=a.threads)

@@ -39,8 +39,9 @@ def tiny_bench() -> tuple[dict, dict]:
 def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(benchmark, "e2b_configs", tiny_e2b_like)
     monkeypatch.setattr(benchmark, "bench_configs", tiny_bench)
-    result = benchmark.main(list(benchmark.SECTIONS), pair[0], pair[1], tokens=6, e2b_tokens=4, reps=1, e2b_reps=1,
-                            k=None, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=True)
+    result = benchmark.main(sections=list(benchmark.SECTIONS), target_dir=pair[0], assistant_dir=pair[1], tokens=6,
+                            e2b_tokens=4, reps=1, e2b_reps=1, k=None, e2b_dir=tmp_path, threads=1, copy_mib=4,
+                            use_transformers=True)
     result = json.loads(json.dumps(result))  # the --json output is exactly this object
     for section in ("demo", "bench", "e2b"):
         r = result[section]
@@ -101,8 +102,8 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
 
 
 def test_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    result = benchmark.main(["demo"], pair[0], pair[1], tokens=5, e2b_tokens=4, reps=1, e2b_reps=1, k=2,
-                            e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
+    result = benchmark.main(sections=["demo"], target_dir=pair[0], assistant_dir=pair[1], tokens=5, e2b_tokens=4,
+                            reps=1, e2b_reps=1, k=2, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
     demo = result["demo"]
     assert set(demo["methods"]) == {"ours_plain", "ours_spec", "ours_plain_pack_false"} and demo["identical"] is True
     assert demo["transformers"].startswith("skipped") and demo["k"] == 2

@@ -23,8 +23,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_batch_and_expert_sections(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    result = benchmark.main(["batch", "experts"], pair[0], pair[1], tokens=5, e2b_tokens=4, reps=1, e2b_reps=1,
-                            k=2, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
+    result = benchmark.main(sections=["batch", "experts"], target_dir=pair[0], assistant_dir=pair[1], tokens=5,
+                            e2b_tokens=4, reps=1, e2b_reps=1, k=2, e2b_dir=tmp_path, threads=1, copy_mib=4,
+                            use_transformers=False)
     result = json.loads(json.dumps(result))  # the --json output is exactly this object
     batch = result["batch"]
     assert set(batch["by_batch"]) == {"1", "2", "4", "8"} and batch["k"] == 2
