@@ -1,6 +1,6 @@
 """Chat with a Gemma 4 target and its MTP assistant: `python scripts/chat.py --help`.
 
-- Every model flag is generate.py's (scripts/_options.py), with the same two rules: a flag changes
+- Every model flag is generate.py's (scripts/cli/options.py), with the same two rules: a flag changes
   only itself (defaults from the checkpoint's files), and a flag that would do nothing is refused.
   chat.py adds `--system`, `--think` and `--json`.
 - The conversation is mtp/conversation.py's: each turn renders the whole conversation by token id
@@ -25,24 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
-sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
-
-from _startup import quiet_interrupt  # noqa: E402
+from cli.startup import quiet_interrupt
 
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
-    import torch  # noqa: E402
+    import torch
 
-    from _options import (  # noqa: E402
+    from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
         UsageError, add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
         sampling_line,
     )
-    from _report import stats_json, stats_text  # noqa: E402
-    from _stream import Sink, Stream, text_sinks  # noqa: E402
-    from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer  # noqa: E402
-    from mtp import ContextFull, Conversation, Reply  # noqa: E402
+    from cli.report import stats_json, stats_text
+    from cli.stream import Sink, Stream, text_sinks
+    from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer
+    from mtp import ContextFull, Conversation, Reply
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message

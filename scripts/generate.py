@@ -2,7 +2,7 @@
 
 - With no arguments it runs the bundled demo pair (`scripts/demo/`) offline. The demo is only the
   default `--target`: its own files set its defaults (greedy, no chat template), as a release's files
-  set a release's; every flag means the same for every model (scripts/_options.py states the rules).
+  set a release's; every flag means the same for every model (scripts/cli/options.py states the rules).
 - Decoding follows the target's generation_config.json unless told otherwise: greedy gives the
   target's own greedy output (exactly so in float32; see README.md for bfloat16); sampling with the
   default `argmax` drafting gives plain sampling's output with the same `--seed`, token for token.
@@ -19,25 +19,21 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
-sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
-
-from _startup import quiet_interrupt  # noqa: E402
+from cli.startup import quiet_interrupt
 
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
-    import torch  # noqa: E402
+    import torch
 
-    from _batch import run_batch, split_prompts  # noqa: E402
-    from _options import (  # noqa: E402
+    from cli.batch import run_batch, split_prompts
+    from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
         add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
         sampling_line,
     )
-    from _report import stats_json, stats_text  # noqa: E402
-    from _stream import Stream, text_sinks  # noqa: E402
-    from gemma4.generate import check_prompt, sample_generate  # noqa: E402
-    from mtp import speculative_generate  # noqa: E402
+    from cli.report import stats_json, stats_text
+    from cli.stream import Stream, text_sinks
+    from gemma4.generate import check_prompt, sample_generate
+    from mtp import speculative_generate
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
 # The default prompt of a model without a chat template, like the demo (a model of Python source):

@@ -4,7 +4,7 @@
     python scripts/measure_pair.py --assistant /tmp/old-assistant --json /tmp/old.json
 
 - Prompts are `<bos>` + 48 tokens taken at evenly spaced points of the held-out files (the same split
-  as training, see `_training.py`), so neither model saw them.
+  as training, see `training/common.py`), so neither model saw them.
 - Rows: greedy, then each `--temperatures` value with the product's sampler (top-k, top-p). Columns:
   argmax drafting (the drafter's argmax, kept while it equals the target's keyed sample: the output is
   plain sampling's, token for token) and sample drafting (drafts drawn from the drafter's warped q,
@@ -27,15 +27,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so that a checkout runs without `pip install -e .`
+import torch
+from tokenizers import Tokenizer
 
-import torch  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from _training import corpus_files, held_out_prompts, read_texts, token_stream  # noqa: E402
-from gemma4 import Gemma4Model, SamplerConfig, greedy_generate, load_target, sample_generate  # noqa: E402
-from gemma4.sampling import warp  # noqa: E402
-from mtp import DraftLength, Drafter, SpecStats, load_drafter, speculative_generate  # noqa: E402
+from gemma4 import Gemma4Model, SamplerConfig, greedy_generate, load_target, sample_generate
+from gemma4.sampling import warp
+from mtp import DraftLength, Drafter, SpecStats, load_drafter, speculative_generate
+from training.common import corpus_files, held_out_prompts, read_texts, token_stream
 
 PROMPT_TOKENS = 48
 

@@ -19,7 +19,7 @@ several draft steps, so the drafter trains on the inputs it will see:
 - step 1 at query position t: token seq[t], hidden h[t-1], keys 0..t-1; teacher p[t];
 - step j > 1 at the same position t and the same keys: token seq[t+j-1] (an accepted draft is a draw
   from p, and the sequence's own tokens are such draws), hidden = step j-1's output h'; teacher p[t+j-1].
-- the loss (`--loss`, see `_distill.py` for the math): `ce` on the target's argmax, `kl` = KL(p || q)
+- the loss (`--loss`, see `training/distill.py` for the math): `ce` on the target's argmax, `kl` = KL(p || q)
   at T = 1, `tv` = 1 - sum min(p, q) at the training temperatures (what sample drafting keeps), or a
   sum such as `kl+tv`.
 
@@ -36,29 +36,26 @@ Shape legend: B batch, T sequence, E target width, D drafter width, V vocab, C c
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so that a checkout runs without `pip install -e .`
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from _training import (  # noqa: E402
+from gemma4.config import FULL, SLIDING, DEFAULT_ROPE, TextConfig, read_json, text_fields
+from gemma4.model import Gemma4Model
+from gemma4.weights import load_target
+from measure_pair import PROMPT_TOKENS, measure
+from mtp.drafter import Drafter, drafter_config_from_dict, load_drafter
+from training.common import (
     adamw, corpus_files, cosine_lr, dtype_name, held_out_prompts, init_weights, parse_dtype, read_texts,
     sample_windows, save_weights, token_stream, write_json,
 )
-from gemma4.config import FULL, SLIDING, DEFAULT_ROPE, TextConfig, read_json, text_fields  # noqa: E402
-from gemma4.model import Gemma4Model  # noqa: E402
-from gemma4.weights import load_target  # noqa: E402
-from mtp.drafter import Drafter, drafter_config_from_dict, load_drafter  # noqa: E402
-from _distill import (  # noqa: E402
+from training.distill import (
     DATA, Distill, continuations, distill_loss, parse_losses, parse_temperatures, soft_cross_entropy,
 )
-from measure_pair import PROMPT_TOKENS, measure  # noqa: E402
 
 
 def drafter_config(target_dir: Path, target: TextConfig, hidden: int, intermediate: int, heads: int,

@@ -24,23 +24,20 @@ Shape legend: B batch, T tokens, V vocab.
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so that a checkout runs without `pip install -e .`
+import torch
+import torch.nn.functional as F
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-
-from _training import (  # noqa: E402
+from gemma4.config import FULL, SLIDING, text_config_from_dict
+from gemma4.model import Gemma4Model
+from training.common import (
     adamw, cosine_lr, dtype_name, init_weights, parse_dtype, read_texts, sample_windows, save_weights,
     corpus_files, token_stream, write_json,
 )
-from gemma4.config import FULL, SLIDING, text_config_from_dict  # noqa: E402
-from gemma4.model import Gemma4Model  # noqa: E402
 
 # Gemma 4's special tokens at their real ids (gemma4/README.md §18); every other id below 107 is reserved.
 SPECIAL_IDS = {

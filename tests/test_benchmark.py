@@ -2,17 +2,16 @@
 and that all four decoders produce the same tokens. No timing is asserted: times are the machine's."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import benchmark
+from bench.random_pair import assistant_config, target_config
 from gemma4 import load_target
 from tests.checkpoints import write_assistant, write_target
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import benchmark  # noqa: E402
-from _random_pair import assistant_config, target_config  # noqa: E402
 
 PAIR_KEYS = {"target", "assistant", "prompt_tokens", "new_tokens", "reps", "k", "transformers", "methods", "ratios",
              "identical", "aten_calls_per_decode_step", "packing"}
@@ -112,7 +111,6 @@ def test_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
 
 
 def test_help_shows_the_defaults() -> None:
-    import subprocess
     out = subprocess.run([sys.executable, str(Path(benchmark.__file__)), "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     assert "(default: 64)" in out.stdout and "(default: 7)" in out.stdout and "bench" in out.stdout

@@ -1,18 +1,15 @@
-"""Smoke test of scripts/benchmark.py's batch sections (scripts/_benchmark_batch.py) on a tiny pair:
+"""Smoke test of scripts/benchmark.py's batch sections (scripts/bench/batch.py) on a tiny pair:
 the JSON contract, identical tokens in all four ways of decoding, and the expert counts' bounds.
 No timing is asserted."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+import benchmark
+from bench.batch import EXPERTS, TOP_K, batch_table, uniform_expectation
 from tests.checkpoints import write_assistant, write_target
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import benchmark  # noqa: E402
-from _benchmark_batch import EXPERTS, TOP_K, batch_table, uniform_expectation  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@
 - `train_target.py` and `train_drafter.py` run end to end on a tiny model in a few seconds.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from mtp import DraftLength, check_pair, load_drafter, speculative_generate
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "scripts" / "demo"
-sys.path.insert(0, str(REPO / "scripts"))
 
 PROMPTS = [
     "def ",

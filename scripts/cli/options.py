@@ -38,8 +38,7 @@ from gemma4.weights import load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.speculative import DRAFTING
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO_TARGET = REPO / "scripts" / "demo" / "target"
+DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 USAGE_ERROR, INTERRUPTED = 2, 130
 DEFAULT_MAX_NEW_TOKENS = 128
