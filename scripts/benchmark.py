@@ -7,7 +7,7 @@ Sections (`--only a,b`):
 - `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, our plain
   decoding of the pair loaded with `pack=False`, and `transformers`' plain and assisted `generate` with the
   same assistant: tokens/s, the ratios, whether all produced the same tokens, acceptance rates; ATen calls
-  of a decode step and of a draft step (main's before this work beside them); the loaders' packing
+  of a decode step and of a draft step (commit c9ac016's beside them); the loaders' packing
   decisions, one per (shape, dtype), and what they cost the load.
 - `bench`: the same on a random mid-size pair (16 layers of width 512, MLP 2048), written once under
   `--e2b-dir`: weights of about a million elements, where whether packing pays depends most on the CPU.
@@ -27,15 +27,15 @@ Sections (`--only a,b`):
 - `memory`: peak resident memory of `load_target` (packing included) in a fresh process, during loading
   and after a first forward: the bfloat16 E2B-sized checkpoint loaded as bfloat16 (memory-mapped) and as
   float32 (every weight cast), and the float32 one as float32.
-- `batch`, `experts` (scripts/_benchmark_batch.py): the demo pair decoding B = 1, 2, 4, 8 prompts as one
+- `batch`, `experts` (scripts/bench/batch.py): the demo pair decoding B = 1, 2, 4, 8 prompts as one
   batch against the same prompts one after another; unique MoE experts per forward against uniform routing.
-- `sampling` (scripts/_benchmark_sampling.py): one sampled row at V = 4,096 and 262,144, new and old, and
+- `sampling` (scripts/bench/sampling.py): one sampled row at V = 4,096 and 262,144, new and old, and
   E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every
 method once, the order reversed on every other repetition, after one untimed warm-up; tokens/s is taken
 from the median time, and a ratio is the median of the per-repetition ratios (neighbours in time).
-transformers runs as `scripts/_transformers_baseline.py` calls it; without it, its columns say why.
+transformers runs as `scripts/bench/transformers_baseline.py` calls it; without it, its columns say why.
 """
 
 import argparse
@@ -50,28 +50,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
-sys.path.insert(0, str(REPO / "scripts"))
+import torch
 
-import torch  # noqa: E402
-
-from _benchmark_batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section  # noqa: E402
-from _benchmark_memory import decode_bytes, memory_section  # noqa: E402
-from _benchmark_report import goals, table  # noqa: E402
-from _benchmark_sampling import sampling_goals, sampling_section, sampling_table  # noqa: E402
-from _random_pair import bench_configs, e2b_configs, random_prompt, text_prompt, write_pair  # noqa: E402
-from _transformers_baseline import load_transformers, tf_decode_step, tf_generate  # noqa: E402
-from gemma4 import KVCache, greedy_generate, load_target  # noqa: E402
-from gemma4.config import read_json  # noqa: E402
-from gemma4.model import Gemma4Model, ModelOutput  # noqa: E402
-from gemma4.packing import Product, packable  # noqa: E402
-from gemma4.weights import stacks  # noqa: E402
-from mtp import DraftLength, Drafter, load_drafter, speculative_generate  # noqa: E402
-from mtp.speculative import target_kv  # noqa: E402
+from bench.batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section
+from bench.memory import decode_bytes, memory_section
+from bench.random_pair import bench_configs, e2b_configs, random_prompt, text_prompt, write_pair
+from bench.report import goals, table
+from bench.sampling import sampling_goals, sampling_section, sampling_table
+from bench.transformers_baseline import load_transformers, tf_decode_step, tf_generate
+from gemma4 import KVCache, greedy_generate, load_target
+from gemma4.config import read_json
+from gemma4.model import Gemma4Model, ModelOutput
+from gemma4.packing import Product, packable
+from gemma4.weights import stacks
+from mtp import DraftLength, Drafter, load_drafter, speculative_generate
+from mtp.speculative import target_kv
 
 SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling")
-DEMO = REPO / "scripts" / "demo"
+DEMO = Path(__file__).resolve().parent / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
 FULL_VOCAB = 262144  # the bf16 section's: in bfloat16 the real vocabulary fits
@@ -284,7 +280,7 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
 
 # ---------------------------------------------------------------- command line
 
-def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
+def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
          e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool,
          sampling_vocab: int = FULL_VOCAB) -> dict:
     torch.set_num_threads(threads)
@@ -342,7 +338,7 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
         result["memory_float32"] = memory_section(t_dir, "float32")  # every weight cast, then packed
         t_dir, _ = write_pair(e2b_dir / "float32", *e2b_configs(E2B_VOCAB), torch.float32)
         result["memory_float32_file"] = memory_section(t_dir, "float32")  # views, then packed
-    if "batch" in sections and (target_dir / "config.json").is_file():  # scripts/_benchmark_batch.py
+    if "batch" in sections and (target_dir / "config.json").is_file():  # scripts/bench/batch.py
         say("batch: B = 1, 2, 4, 8 prompts as one batch and one after another")
         prompts = [text_prompt(target_dir, p, 8 + 3 * i) for i, p in enumerate(DEMO_PROMPTS)]
         result["batch"] = batch_section(load_target(target_dir), load_drafter(assistant_dir), prompts, tokens,
@@ -350,7 +346,7 @@ def main(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int
     if "experts" in sections:
         say("experts: unique experts per MoE layer, decode, verify and batches")
         result["experts"] = experts_section()
-    if "sampling" in sections:  # scripts/_benchmark_sampling.py
+    if "sampling" in sections:  # scripts/bench/sampling.py
         say(f"sampling: sampled rows, and E2B-dimension bfloat16 decoding at V = {sampling_vocab}")
         pair_root = e2b_dir / ("bfloat16-full" if sampling_vocab == FULL_VOCAB else f"bfloat16-v{sampling_vocab}")
         result["sampling"] = sampling_section(pair_root, e2b_configs(sampling_vocab), e2b_tokens, e2b_reps, reps,
@@ -390,6 +386,7 @@ if __name__ == "__main__":
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
-    out = main(only, a.target, a.assistant, a.tokens, a.e2b_tokens, a.reps, a.e2b_reps, a.k, a.e2b_dir, a.threads,
-               a.copy_mib, not a.no_transformers, a.sampling_vocab)
+    out = main(sections=only, target_dir=a.target, assistant_dir=a.assistant, tokens=a.tokens, e2b_tokens=a.e2b_tokens,
+               reps=a.reps, e2b_reps=a.e2b_reps, k=a.k, e2b_dir=a.e2b_dir, threads=a.threads, copy_mib=a.copy_mib,
+               use_transformers=not a.no_transformers, sampling_vocab=a.sampling_vocab)
     print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out))

@@ -1,6 +1,6 @@
 """Chat with a Gemma 4 target and its MTP assistant: `python scripts/chat.py --help`.
 
-- Every model flag is generate.py's (scripts/_options.py), with the same two rules: a flag changes
+- Every model flag is generate.py's (scripts/cli/options.py), with the same two rules: a flag changes
   only itself (defaults from the checkpoint's files), and a flag that would do nothing is refused.
   chat.py adds `--system`, `--think` and `--json`.
 - The conversation is mtp/conversation.py's: each turn renders the whole conversation by token id
@@ -25,24 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
-sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
-
-from _startup import quiet_interrupt  # noqa: E402
+from cli.startup import quiet_interrupt
 
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
-    import torch  # noqa: E402
+    import torch
 
-    from _options import (  # noqa: E402
+    from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
         UsageError, add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
         sampling_line,
     )
-    from _report import stats_json, stats_text  # noqa: E402
-    from _stream import Sink, Stream, text_sinks  # noqa: E402
-    from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer  # noqa: E402
-    from mtp import ContextFull, Conversation, Reply  # noqa: E402
+    from cli.report import stats_json, stats_text
+    from cli.stream import Sink, Stream, text_sinks
+    from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer
+    from mtp import ContextFull, Conversation, Reply
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message
@@ -188,23 +184,23 @@ class Session:
         return True
 
 
-def main(a: ModelFlags, system: str | None, think: bool, json_output: bool, source: TextIO,
-         demo_target: Path = DEMO_TARGET) -> int:
+def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, json_output: bool = False,
+         source: TextIO, demo_target: Path = DEMO_TARGET) -> int:
     """Hold a conversation until /exit or the end of the input; returns the exit status."""
-    check_values(a)
-    if a.show_drafts and json_output:
+    check_values(flags)
+    if flags.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
     say: Callable[[str], None] = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
-    target, dev, dtype = load_target_from(a, say, demo_target)
+    target, dev, dtype = load_target_from(flags, say, demo_target)
     tokenizer = chat_tokenizer(target, think)
-    assistant = load_assistant_from(a, target, dev, dtype, say)
+    assistant = load_assistant_from(flags, target, dev, dtype, say)
     say(sampling_line(target, assistant))
-    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if a.max_new_tokens is None else a.max_new_tokens
+    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
     say(chat_line(target, system, think, max_new_tokens))
     prompt = not json_output and source.isatty()
     if prompt:
         say(HELP)
-    sinks = text_sinks(a.show_drafts, json_output, say)
+    sinks = text_sinks(flags.show_drafts, json_output, say)
     say("")
 
     conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think, target.stops)
@@ -266,8 +262,9 @@ def parser() -> Parser:
 
 def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target: Path = DEMO_TARGET) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    return guarded(lambda: main(ModelFlags.parsed(args), args.system, args.think, args.json_output,
-                                sys.stdin if source is None else source, demo_target))
+    return guarded(lambda: main(flags=ModelFlags.parsed(args), system=args.system, think=args.think,
+                                json_output=args.json_output, source=sys.stdin if source is None else source,
+                                demo_target=demo_target))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 - With no arguments it runs the bundled demo pair (`scripts/demo/`) offline. The demo is only the
   default `--target`: its own files set its defaults (greedy, no chat template), as a release's files
-  set a release's; every flag means the same for every model (scripts/_options.py states the rules).
+  set a release's; every flag means the same for every model (scripts/cli/options.py states the rules).
 - Decoding follows the target's generation_config.json unless told otherwise: greedy gives the
   target's own greedy output (exactly so in float32; see README.md for bfloat16); sampling with the
   default `argmax` drafting gives plain sampling's output with the same `--seed`, token for token.
@@ -19,25 +19,21 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
-sys.path.insert(0, str(REPO / "scripts"))  # its helper modules
-
-from _startup import quiet_interrupt  # noqa: E402
+from cli.startup import quiet_interrupt
 
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
-    import torch  # noqa: E402
+    import torch
 
-    from _batch import run_batch, split_prompts  # noqa: E402
-    from _options import (  # noqa: E402
+    from cli.batch import run_batch, split_prompts
+    from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
         add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
         sampling_line,
     )
-    from _report import stats_json, stats_text  # noqa: E402
-    from _stream import Stream, text_sinks  # noqa: E402
-    from gemma4.generate import check_prompt, sample_generate  # noqa: E402
-    from mtp import speculative_generate  # noqa: E402
+    from cli.report import stats_json, stats_text
+    from cli.stream import Stream, text_sinks
+    from gemma4.generate import check_prompt, sample_generate
+    from mtp import speculative_generate
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
 # The default prompt of a model without a chat template, like the demo (a model of Python source):
@@ -58,25 +54,25 @@ def shorten(text: str, width: int = 60) -> str:
 
 # ---------------------------------------------------------------- main
 
-def main(a: ModelFlags, prompt: str | None, prompt_ids: list[int] | None, raw: bool = False, compare: bool = False,
-         json_output: bool = False, batch: list[str] | list[list[int]] | None = None,
+def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] | None = None, raw: bool = False,
+         compare: bool = False, json_output: bool = False, batch: list[str] | list[list[int]] | None = None,
          demo_target: Path = DEMO_TARGET) -> int:
     """Run one generation (or one batch) and print it; returns the exit status (0, or 130 after Ctrl-C)."""
-    check_values(a)
+    check_values(flags)
     if batch:  # the first row goes through every check of a single prompt
         prompt, prompt_ids = (batch[0], None) if isinstance(batch[0], str) else (None, batch[0])
     if (prompt is not None and not prompt.strip()) or prompt_ids == []:
         raise UsageError("the prompt is empty: give some text with --prompt or token ids with --prompt-ids")
     if raw and prompt is None and prompt_ids is not None:
         raise UsageError("--raw applies to --prompt text; --prompt-ids are always sent as they are")
-    if a.no_assistant and compare and not batch:  # (a batch compares with its rows run one after another)
+    if flags.no_assistant and compare and not batch:  # (a batch compares with its rows run one after another)
         refuse("--compare", "it compares speculative with plain decoding, and --no-assistant is plain already")
-    if a.show_drafts and json_output:
+    if flags.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
     say = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
 
     # Target, tokenizer and prompt first: a bad prompt fails before the assistant is fetched.
-    target, dev, dtype = load_target_from(a, say, demo_target)
+    target, dev, dtype = load_target_from(flags, say, demo_target)
     if raw and not target.chat:
         refuse("--raw", f"{target.name} has no chat template, so --prompt is sent as it is already: drop --raw")
     as_is = raw or not target.chat  # no chat template: the text is continued as it is
@@ -90,7 +86,7 @@ def main(a: ModelFlags, prompt: str | None, prompt_ids: list[int] | None, raw: b
         prompt = CHAT_PROMPT if target.chat else CODE_PROMPT
     if prompt_ids is None:
         prompt_ids = encode(prompt)
-    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if a.max_new_tokens is None else a.max_new_tokens
+    max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
     check_prompt(target.model, prompt_ids, max_new_tokens)
     context = target.model.config.max_position_embeddings
     if len(prompt_ids) + max_new_tokens > context:  # said even with --json: the run is shorter than asked
@@ -100,7 +96,7 @@ def main(a: ModelFlags, prompt: str | None, prompt_ids: list[int] | None, raw: b
     how = "as given" if prompt is None else "raw" if as_is else "chat template"
     shown = f"{shorten(prompt)}, " if prompt is not None else ""
     say(f"prompt     {shown}{len(prompt_ids)} tokens ({how})" + (f", the first of {len(batch)} rows" if batch else ""))
-    assistant = load_assistant_from(a, target, dev, dtype, say)
+    assistant = load_assistant_from(flags, target, dev, dtype, say)
     say(sampling_line(target, assistant))
     drafter = assistant and assistant.drafter
     draft_length = assistant and assistant.draft_length
@@ -111,15 +107,17 @@ def main(a: ModelFlags, prompt: str | None, prompt_ids: list[int] | None, raw: b
         sampling = lambda row_seed: {"temperature": sampler.temperature, "top_k": sampler.top_k,  # noqa: E731
                                      "top_p": sampler.top_p, "seed": row_seed, "drafting": drafting}
         rows = [encode(p) if isinstance(p, str) else p for p in batch]
-        result, text, totals = run_batch(target.model, drafter, draft_length, rows, max_new_tokens, stops, sampler,
-                                         drafting or "argmax", target.tokenizer, json_output, compare,
-                                         a.show_drafts, stats_json, sampling)
+        result, text, totals = run_batch(
+            model=target.model, drafter=drafter, draft_length=draft_length, rows=rows, max_new_tokens=max_new_tokens,
+            stops=stops, sampler=sampler, drafting=drafting or "argmax", tokenizer=target.tokenizer,
+            json_output=json_output, compare=compare, show_drafts=flags.show_drafts, row_stats=stats_json,
+            sampling_json=sampling)
         print(json.dumps(result) if json_output else text)
         say(totals)
         return 0
 
-    sinks = text_sinks(a.show_drafts, json_output, say)
-    if a.show_drafts:
+    sinks = text_sinks(flags.show_drafts, json_output, say)
+    if flags.show_drafts:
         say("")
 
     # One tiny forward first, so one-time start-up costs are not timed (nor charged to either side of --compare).
@@ -221,8 +219,8 @@ def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
 
     def run() -> int:
         prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file)
-        return main(ModelFlags.parsed(args), prompt, prompt_ids, args.raw, args.compare, args.json_output, batch,
-                    demo_target)
+        return main(flags=ModelFlags.parsed(args), prompt=prompt, prompt_ids=prompt_ids, raw=args.raw,
+                    compare=args.compare, json_output=args.json_output, batch=batch, demo_target=demo_target)
     return guarded(run)
 
 

@@ -4,7 +4,7 @@
     python scripts/measure_pair.py --assistant /tmp/old-assistant --json /tmp/old.json
 
 - Prompts are `<bos>` + 48 tokens taken at evenly spaced points of the held-out files (the same split
-  as training, see `_training.py`), so neither model saw them.
+  as training, see `training/common.py`), so neither model saw them.
 - Rows: greedy, then each `--temperatures` value with the product's sampler (top-k, top-p). Columns:
   argmax drafting (the drafter's argmax, kept while it equals the target's keyed sample: the output is
   plain sampling's, token for token) and sample drafting (drafts drawn from the drafter's warped q,
@@ -27,15 +27,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so that a checkout runs without `pip install -e .`
+import torch
+from tokenizers import Tokenizer
 
-import torch  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from _training import corpus_files, held_out_prompts, read_texts, token_stream  # noqa: E402
-from gemma4 import Gemma4Model, SamplerConfig, greedy_generate, load_target, sample_generate  # noqa: E402
-from gemma4.sampling import warp  # noqa: E402
-from mtp import DraftLength, Drafter, SpecStats, load_drafter, speculative_generate  # noqa: E402
+from gemma4 import Gemma4Model, SamplerConfig, greedy_generate, load_target, sample_generate
+from gemma4.sampling import warp
+from mtp import DraftLength, Drafter, SpecStats, load_drafter, speculative_generate
+from training.common import corpus_files, held_out_prompts, read_texts, token_stream
 
 PROMPT_TOKENS = 48
 
@@ -153,7 +151,7 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(target_dir: Path, assistant_dir: Path, prompts: int, seeds: int, temperatures: list[float], k: int,
+def main(*, target_dir: Path, assistant_dir: Path, prompts: int, seeds: int, temperatures: list[float], k: int,
          new_tokens: int, top_k: int, top_p: float, threads: int, json_path: Path | None) -> None:
     torch.set_num_threads(threads)
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
@@ -163,7 +161,8 @@ def main(target_dir: Path, assistant_dir: Path, prompts: int, seeds: int, temper
     speculative_generate(target, drafter, held[0], 8, DraftLength(k))
     rows = []
     for temperature in [0.0] + temperatures:
-        rows.append(measure(target, drafter, held, temperature, seeds, k, new_tokens, top_k, top_p))
+        rows.append(measure(target, drafter, held, temperature, seeds=seeds, k=k, new_tokens=new_tokens, top_k=top_k,
+                            top_p=top_p))
         print(f"  {rows[-1].setting}: done", file=sys.stderr, flush=True)
     print(f"{assistant_dir} on {target_dir}: K = {k}, {prompts} held-out prompts x {seeds} seeds (greedy: x 1), "
           f"{new_tokens} new tokens, top-k {top_k}, top-p {top_p}, {threads} thread(s)")
@@ -188,5 +187,6 @@ if __name__ == "__main__":
     p.add_argument("--threads", type=int, default=1, help="1 is fastest for a model this small")
     p.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     a = p.parse_args()
-    main(a.target, a.assistant, a.prompts, a.seeds, [float(t) for t in a.temperatures.split(",")], a.k,
-         a.new_tokens, a.top_k, a.top_p, a.threads, a.json)
+    main(target_dir=a.target, assistant_dir=a.assistant, prompts=a.prompts, seeds=a.seeds,
+         temperatures=[float(t) for t in a.temperatures.split(",")], k=a.k, new_tokens=a.new_tokens, top_k=a.top_k,
+         top_p=a.top_p, threads=a.threads, json_path=a.json)

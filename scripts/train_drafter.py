@@ -19,7 +19,7 @@ several draft steps, so the drafter trains on the inputs it will see:
 - step 1 at query position t: token seq[t], hidden h[t-1], keys 0..t-1; teacher p[t];
 - step j > 1 at the same position t and the same keys: token seq[t+j-1] (an accepted draft is a draw
   from p, and the sequence's own tokens are such draws), hidden = step j-1's output h'; teacher p[t+j-1].
-- the loss (`--loss`, see `_distill.py` for the math): `ce` on the target's argmax, `kl` = KL(p || q)
+- the loss (`--loss`, see `training/distill.py` for the math): `ce` on the target's argmax, `kl` = KL(p || q)
   at T = 1, `tv` = 1 - sum min(p, q) at the training temperatures (what sample drafting keeps), or a
   sum such as `kl+tv`.
 
@@ -36,29 +36,26 @@ Shape legend: B batch, T sequence, E target width, D drafter width, V vocab, C c
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so that a checkout runs without `pip install -e .`
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from _training import (  # noqa: E402
+from gemma4.config import FULL, SLIDING, DEFAULT_ROPE, TextConfig, read_json, text_fields
+from gemma4.model import Gemma4Model
+from gemma4.weights import load_target
+from measure_pair import PROMPT_TOKENS, measure
+from mtp.drafter import Drafter, drafter_config_from_dict, load_drafter
+from training.common import (
     adamw, corpus_files, cosine_lr, dtype_name, held_out_prompts, init_weights, parse_dtype, read_texts,
     sample_windows, save_weights, token_stream, write_json,
 )
-from gemma4.config import FULL, SLIDING, DEFAULT_ROPE, TextConfig, read_json, text_fields  # noqa: E402
-from gemma4.model import Gemma4Model  # noqa: E402
-from gemma4.weights import load_target  # noqa: E402
-from mtp.drafter import Drafter, drafter_config_from_dict, load_drafter  # noqa: E402
-from _distill import (  # noqa: E402
+from training.distill import (
     DATA, Distill, continuations, distill_loss, parse_losses, parse_temperatures, soft_cross_entropy,
 )
-from measure_pair import PROMPT_TOKENS, measure  # noqa: E402
 
 
 def drafter_config(target_dir: Path, target: TextConfig, hidden: int, intermediate: int, heads: int,
@@ -193,7 +190,7 @@ def unrolled_loss(drafter: Drafter, target: Gemma4Model, seq: torch.Tensor, step
     return loss / steps, accuracy
 
 
-def main(target_dir: Path, out: Path, corpus: Path | None, steps: int, batch: int, prompt_len: int,
+def main(*, target_dir: Path, out: Path, corpus: Path | None, steps: int, batch: int, prompt_len: int,
          generate: int, gen_batches: int, draft_steps: int, lr: float, hidden: int, intermediate: int, heads: int,
          num_centroids: int, top_k: int, num_assistant_tokens: int, seed: int, max_files: int | None,
          dtype: torch.dtype, target_dtype: torch.dtype, device: str, threads: int, eval_prompts: int,
@@ -252,8 +249,8 @@ def main(target_dir: Path, out: Path, corpus: Path | None, steps: int, batch: in
         prompts = held_out_prompts(held, eval_prompts, PROMPT_TOKENS)
         trained = load_drafter(out, device=device)
         for temperature in (0.0, 0.7):  # the greedy row and one sampled row; measure_pair.py has the rest
-            row = measure(target, trained, prompts, temperature, 1, num_assistant_tokens, 64, distill.top_k,
-                          distill.top_p)
+            row = measure(target, trained, prompts, temperature, seeds=1, k=num_assistant_tokens, new_tokens=64,
+                          top_k=distill.top_k, top_p=distill.top_p)
             cells = [("argmax", row.argmax)] + ([("sample", row.sample)] if row.sample else [])
             print(f"held-out acceptance at K={num_assistant_tokens}, {row.setting}: " + ", ".join(
                 f"{name} drafting {c.acceptance:.3f} ({c.per_forward:.2f} tokens per target forward)"
@@ -318,7 +315,9 @@ if __name__ == "__main__":
     p.add_argument("--eval-prompts", type=int, default=10, help="held-out prompts for the final acceptance (0: skip)")
     a = p.parse_args()
     d = parse_distill(a, p)
-    main(a.target, a.out, a.corpus, a.steps, a.batch, a.prompt_len, a.generate, a.gen_batches, a.draft_steps, a.lr,
-         a.hidden, a.intermediate, a.heads, a.num_centroids, a.centroid_top_k, a.num_assistant_tokens, a.seed,
-         a.max_files, parse_dtype(a.dtype), parse_dtype(a.target_dtype), a.device, a.threads, a.eval_prompts, d,
-         a.init)
+    main(target_dir=a.target, out=a.out, corpus=a.corpus, steps=a.steps, batch=a.batch, prompt_len=a.prompt_len,
+         generate=a.generate, gen_batches=a.gen_batches, draft_steps=a.draft_steps, lr=a.lr, hidden=a.hidden,
+         intermediate=a.intermediate, heads=a.heads, num_centroids=a.num_centroids, top_k=a.centroid_top_k,
+         num_assistant_tokens=a.num_assistant_tokens, seed=a.seed, max_files=a.max_files,
+         dtype=parse_dtype(a.dtype), target_dtype=parse_dtype(a.target_dtype), device=a.device, threads=a.threads,
+         eval_prompts=a.eval_prompts, distill=d, init=a.init)

@@ -24,23 +24,20 @@ Shape legend: B batch, T tokens, V vocab.
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # so that a checkout runs without `pip install -e .`
+import torch
+import torch.nn.functional as F
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-
-from _training import (  # noqa: E402
+from gemma4.config import FULL, SLIDING, text_config_from_dict
+from gemma4.model import Gemma4Model
+from training.common import (
     adamw, cosine_lr, dtype_name, init_weights, parse_dtype, read_texts, sample_windows, save_weights,
     corpus_files, token_stream, write_json,
 )
-from gemma4.config import FULL, SLIDING, text_config_from_dict  # noqa: E402
-from gemma4.model import Gemma4Model  # noqa: E402
 
 # Gemma 4's special tokens at their real ids (gemma4/README.md §18); every other id below 107 is reserved.
 SPECIAL_IDS = {
@@ -122,7 +119,7 @@ def held_out_loss(model: Gemma4Model, stream: torch.Tensor, seq_len: int, batche
     return sum(losses) / len(losses)
 
 
-def main(out: Path, steps: int, batch: int, seq_len: int, lr: float, vocab_size: int, layers: int, hidden: int,
+def main(*, out: Path, steps: int, batch: int, seq_len: int, lr: float, vocab_size: int, layers: int, hidden: int,
          intermediate: int, heads: int, head_dim: int, window: int, ple_dim: int, context: int, seed: int,
          max_files: int | None, minutes: float | None, dtype: torch.dtype, threads: int) -> None:
     torch.set_num_threads(threads)
@@ -195,5 +192,7 @@ if __name__ == "__main__":
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="dtype of the saved weights")
     p.add_argument("--threads", type=int, default=1, help="1 is fastest while anything else runs")
     a = p.parse_args()
-    main(a.out, a.steps, a.batch, a.seq_len, a.lr, a.vocab_size, a.layers, a.hidden, a.intermediate, a.heads,
-         a.head_dim, a.window, a.ple_dim, a.context, a.seed, a.max_files, a.minutes, parse_dtype(a.dtype), a.threads)
+    main(out=a.out, steps=a.steps, batch=a.batch, seq_len=a.seq_len, lr=a.lr, vocab_size=a.vocab_size,
+         layers=a.layers, hidden=a.hidden, intermediate=a.intermediate, heads=a.heads, head_dim=a.head_dim,
+         window=a.window, ple_dim=a.ple_dim, context=a.context, seed=a.seed, max_files=a.max_files,
+         minutes=a.minutes, dtype=parse_dtype(a.dtype), threads=a.threads)

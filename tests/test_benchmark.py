@@ -2,17 +2,16 @@
 and that all four decoders produce the same tokens. No timing is asserted: times are the machine's."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import benchmark
+from bench.random_pair import assistant_config, target_config
 from gemma4 import load_target
 from tests.checkpoints import write_assistant, write_target
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import benchmark  # noqa: E402
-from _random_pair import assistant_config, target_config  # noqa: E402
 
 PAIR_KEYS = {"target", "assistant", "prompt_tokens", "new_tokens", "reps", "k", "transformers", "methods", "ratios",
              "identical", "aten_calls_per_decode_step", "packing"}
@@ -39,8 +38,9 @@ def tiny_bench() -> tuple[dict, dict]:
 def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(benchmark, "e2b_configs", tiny_e2b_like)
     monkeypatch.setattr(benchmark, "bench_configs", tiny_bench)
-    result = benchmark.main(list(benchmark.SECTIONS), pair[0], pair[1], tokens=6, e2b_tokens=4, reps=1, e2b_reps=1,
-                            k=None, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=True)
+    result = benchmark.main(sections=list(benchmark.SECTIONS), target_dir=pair[0], assistant_dir=pair[1], tokens=6,
+                            e2b_tokens=4, reps=1, e2b_reps=1, k=None, e2b_dir=tmp_path, threads=1, copy_mib=4,
+                            use_transformers=True)
     result = json.loads(json.dumps(result))  # the --json output is exactly this object
     for section in ("demo", "bench", "e2b"):
         r = result[section]
@@ -93,13 +93,16 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
             "first-forward peak / weights as loaded (bf16)", "demo: ATen calls per decode step of the target",
             "bench: plain decode, packed / pack=False", "demo: plain decode, packed / pack=False"} <= set(goals)
     printed = benchmark.table(result)
-    assert "== goals" in printed and "NOT" not in printed
+    # The goals block ends the table: a row per goal of the result, in its order, with its name and measured value.
+    rows = printed.partition("\n== goals")[2].splitlines()[1:]
+    assert [(row.split("goal ")[0].strip(), row.split()[-1]) for row in rows] == \
+        [(g["goal"], "n/a" if g["value"] is None else f"{g['value']:.3f}") for g in result["goals"]]
     assert all(f"{c['shape'][0]}x{c['shape'][1]}" in printed for c in result["demo"]["packing"]["target"])
 
 
 def test_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    result = benchmark.main(["demo"], pair[0], pair[1], tokens=5, e2b_tokens=4, reps=1, e2b_reps=1, k=2,
-                            e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
+    result = benchmark.main(sections=["demo"], target_dir=pair[0], assistant_dir=pair[1], tokens=5, e2b_tokens=4,
+                            reps=1, e2b_reps=1, k=2, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
     demo = result["demo"]
     assert set(demo["methods"]) == {"ours_plain", "ours_spec", "ours_plain_pack_false"} and demo["identical"] is True
     assert demo["transformers"].startswith("skipped") and demo["k"] == 2
@@ -108,7 +111,6 @@ def test_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
 
 
 def test_help_shows_the_defaults() -> None:
-    import subprocess
     out = subprocess.run([sys.executable, str(Path(benchmark.__file__)), "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     assert "(default: 64)" in out.stdout and "(default: 7)" in out.stdout and "bench" in out.stdout

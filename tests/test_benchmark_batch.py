@@ -1,18 +1,15 @@
-"""Smoke test of scripts/benchmark.py's batch sections (scripts/_benchmark_batch.py) on a tiny pair:
+"""Smoke test of scripts/benchmark.py's batch sections (scripts/bench/batch.py) on a tiny pair:
 the JSON contract, identical tokens in all four ways of decoding, and the expert counts' bounds.
 No timing is asserted."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+import benchmark
+from bench.batch import EXPERTS, TOP_K, batch_table, uniform_expectation
 from tests.checkpoints import write_assistant, write_target
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import benchmark  # noqa: E402
-from _benchmark_batch import EXPERTS, TOP_K, batch_table, uniform_expectation  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +20,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_batch_and_expert_sections(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    result = benchmark.main(["batch", "experts"], pair[0], pair[1], tokens=5, e2b_tokens=4, reps=1, e2b_reps=1,
-                            k=2, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
+    result = benchmark.main(sections=["batch", "experts"], target_dir=pair[0], assistant_dir=pair[1], tokens=5,
+                            e2b_tokens=4, reps=1, e2b_reps=1, k=2, e2b_dir=tmp_path, threads=1, copy_mib=4,
+                            use_transformers=False)
     result = json.loads(json.dumps(result))  # the --json output is exactly this object
     batch = result["batch"]
     assert set(batch["by_batch"]) == {"1", "2", "4", "8"} and batch["k"] == 2

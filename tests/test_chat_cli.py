@@ -13,7 +13,6 @@
 """
 
 import codecs
-import importlib.util
 import io
 import json
 import os
@@ -30,14 +29,12 @@ from pathlib import Path
 
 import pytest
 
+import chat  # scripts/chat.py (pyproject.toml puts scripts/ on pytest's path)
 from gemma4.tokenizer import CHANNEL_END_ID, CHANNEL_START_ID, Gemma4Tokenizer
 from tests.test_cli import assert_one_line_failure, pair, run_inprocess  # noqa: F401 (pair is a fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "chat.py"
-_spec = importlib.util.spec_from_file_location("chat_script", SCRIPT)
-chat = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(chat)
 
 FIELDS = {"turn", "prompt_ids", "reused", "prefilled", "tokens", "text", "finish_reason", "stats"}
 NEW = "12"  # new tokens a turn: the test models write noise

@@ -8,7 +8,6 @@ like a release's: a chat template, and a generation_config.json that samples (T 
 The defaults rule, the refused flags and the pipes have their own files (tests/test_cli_*.py).
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -21,15 +20,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import generate  # scripts/generate.py (pyproject.toml puts scripts/ on pytest's path)
+from cli.stream import Sink, Stream
 from gemma4.tokenizer import Gemma4Tokenizer
 from tests.checkpoints import STOP_IDS, write_assistant, write_target
 from tests.tokenizer_fixture import write_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "generate.py"
-_spec = importlib.util.spec_from_file_location("generate_script", SCRIPT)
-generate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(generate)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -172,9 +170,8 @@ def test_stream_marks_drafts_and_matches_json(pair: tuple[Path, Path], capsys: p
 
 
 def test_stream_marks_and_byte_runs(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
-    stream_module = importlib.import_module("_stream")  # scripts/ is on the path once generate.py is loaded
     tokenizer = Gemma4Tokenizer(pair[0] / "tokenizer.json")
-    stream = stream_module.Stream(tokenizer, [stream_module.Sink(sys.stdout, mark=True, colour=False)])
+    stream = Stream(tokenizer, [Sink(sys.stdout, mark=True, colour=False)])
     h, i, space, e2, e3, x82, xac, eos = (tokenizer.tokenizer.token_to_id(p) for p in
                                           ("h", "i", "▁", "<0xE2>", "<0xE3>", "<0x82>", "<0xAC>", "<eos>"))
     stream.commit([h, i, space], [True, True, False])  # two accepted drafts, then the target's token
@@ -187,7 +184,7 @@ def test_stream_marks_and_byte_runs(pair: tuple[Path, Path], capsys: pytest.Capt
     stream.finish()
     assert capsys.readouterr().out == "\ufffdh\n"
     assert stream.text() == "hi €h\ufffdh"
-    stream_module.Stream(tokenizer, [stream_module.Sink(sys.stdout, mark=True, colour=True)]).commit([h, i], [True, False])
+    Stream(tokenizer, [Sink(sys.stdout, mark=True, colour=True)]).commit([h, i], [True, False])
     assert capsys.readouterr().out == "\x1b[32mh\x1b[0mi"
 
 

@@ -1,4 +1,4 @@
-"""scripts/generate.py with several prompts (scripts/_batch.py), in this process, on a tiny pair:
+"""scripts/generate.py with several prompts (scripts/cli/batch.py), in this process, on a tiny pair:
 every row is the single-prompt run of its prompt (sampling: with seed + i), the JSON object and its
 totals, the labelled text, and bad input as one line and exit 2."""
 

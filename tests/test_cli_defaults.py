@@ -1,4 +1,4 @@
-"""The defaults rule and the refusal rule of scripts/generate.py (scripts/_options.py), case by case.
+"""The defaults rule and the refusal rule of scripts/generate.py (scripts/cli/options.py), case by case.
 
 - A flag changes only itself: the run without arguments, `--json` alone and `--seed 1` differ only in
   what was asked, on the demo (whose generation_config.json says greedy) and on a release-shaped

@@ -7,7 +7,6 @@
 - `train_target.py` and `train_drafter.py` run end to end on a tiny model in a few seconds.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from mtp import DraftLength, check_pair, load_drafter, speculative_generate
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "scripts" / "demo"
-sys.path.insert(0, str(REPO / "scripts"))
 
 PROMPTS = [
     "def ",
@@ -95,11 +93,11 @@ def test_training_scripts_run_on_a_tiny_model(tmp_path):
     tiny = dict(steps=2, batch=2, seq_len=32, lr=1e-3, vocab_size=512, layers=10, hidden=16, intermediate=32,
                 heads=2, head_dim=8, window=8, ple_dim=4, context=128, seed=0, max_files=4, minutes=None,
                 dtype=torch.float32, threads=1)
-    train_target.main(tmp_path / "target", **tiny)
-    train_drafter.main(tmp_path / "target", tmp_path / "assistant", corpus=None, steps=2, batch=2, prompt_len=16,
-                       generate=4, gen_batches=2, draft_steps=3, lr=1e-3, hidden=16, intermediate=32, heads=2,
-                       num_centroids=8, top_k=2, num_assistant_tokens=3, seed=0, max_files=4, dtype=torch.float32,
-                       target_dtype=torch.float32, device="cpu", threads=1, eval_prompts=0)
+    train_target.main(out=tmp_path / "target", **tiny)
+    train_drafter.main(target_dir=tmp_path / "target", out=tmp_path / "assistant", corpus=None, steps=2, batch=2,
+                       prompt_len=16, generate=4, gen_batches=2, draft_steps=3, lr=1e-3, hidden=16, intermediate=32,
+                       heads=2, num_centroids=8, top_k=2, num_assistant_tokens=3, seed=0, max_files=4,
+                       dtype=torch.float32, target_dtype=torch.float32, device="cpu", threads=1, eval_prompts=0)
     target = load_target(tmp_path / "target")
     drafter = load_drafter(tmp_path / "assistant")
     check_pair(target.config, drafter.config, "tiny target", "tiny assistant")

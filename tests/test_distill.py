@@ -1,4 +1,4 @@
-"""The drafter's losses (`scripts/_distill.py`) and the closed form they optimise.
+"""The drafter's losses (`scripts/training/distill.py`) and the closed form they optimise.
 
 - The loss side's warp is the product's (`gemma4.sampling.warp`) on logits without ties.
 - tv, kl, ce on small hand-checked distributions: tv(p, p) = 0, tv of disjoint supports = 1,
@@ -8,8 +8,6 @@
 """
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,10 +18,7 @@ from mtp import DraftLength, load_drafter, speculative_generate
 from mtp.speculative import target_kv
 from tests.checkpoints import write_assistant, write_target
 from tests.pairs import shrink_branches
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-
-from _distill import Distill, ce_loss, distill_loss, kl_loss, parse_losses, tv_loss, warped_top  # noqa: E402
+from training.distill import Distill, ce_loss, distill_loss, kl_loss, parse_losses, tv_loss, warped_top
 
 
 def logits_of(*rows: list[float]) -> torch.Tensor:

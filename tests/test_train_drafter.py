@@ -19,13 +19,11 @@ from mtp.drafter import Drafter
 from mtp.loading import drafter_config_from_dict
 from tests.checkpoints import write_target
 from tests.pairs import shrink_branches
+from train_drafter import drafter_config, init_drafter, unrolled_loss
+from training.common import adamw
+from training.distill import Distill, continuations
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-
-from _distill import Distill, continuations  # noqa: E402
-from _training import adamw  # noqa: E402
-from train_drafter import drafter_config, init_drafter, unrolled_loss  # noqa: E402
 
 VOCAB = 512  # tests/checkpoints.py
 

@@ -5,7 +5,7 @@
   ms per row of `gemma4.sampling.sample` (the candidates only), and of the previous full-vocabulary
   path, kept below as `previous_sample` (a sort and a softmax of the whole row, V float64 draws
   from a CPU generator per position), with old / new.
-- `decode`: a random pair at E2B's dimensions in bfloat16 (scripts/_random_pair.py; the vocabulary
+- `decode`: a random pair at E2B's dimensions in bfloat16 (scripts/bench/random_pair.py; the vocabulary
   is `--sampling-vocab`, the real 262,144 by default, whose pair is the bf16 section's). Tokens/s of
   plain decoding, greedy against sampled (T 1, top-k 64, top-p 0.95); and speculative decoding with
   argmax drafting, as seconds per target forward, sampled / greedy. The random drafter is almost never
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from _random_pair import random_prompt, write_pair
+from bench.random_pair import random_prompt, write_pair
 from gemma4 import greedy_generate, load_target, sample_generate
 from gemma4.sampling import MASK64, TARGET, SamplerConfig, sample
 from mtp import DraftLength, load_drafter, speculative_generate

@@ -3,7 +3,7 @@
 A `Sink` is one place the text goes: stdout, and (with --show-drafts when stdout is not a terminal)
 stderr with the marks, so that stdout stays the generated text alone. Accepted drafts are green on a
 terminal; without colour they sit between ⟦ and ⟧, which Python source (the demo's text) never holds,
-unlike the square brackets an earlier version used.
+while square brackets are everywhere in it.
 
 A thought (what a thinking model writes between `<|channel>` and `<channel|>`) is dimmed on a colour
 sink, and plain elsewhere.

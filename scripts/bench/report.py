@@ -9,8 +9,8 @@ from typing import Any
 from gemma4.packing import VERIFY_ROWS
 
 
-# ATen calls on main before issue #19's work (commit c9ac016), demo pair, counted by benchmark.py's own
-# `aten_calls` and `draft_step_calls` on that commit's code: the "before" printed beside this run's count.
+# ATen calls of commit c9ac016's code on the demo pair, counted by benchmark.py's own `aten_calls` and
+# `draft_step_calls` on that commit: the reference printed beside this run's count.
 BEFORE_ATEN = {"ours": 4999, "ours_draft_step": 647.0}
 
 
@@ -80,7 +80,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"   identical tokens (every method)  {'yes' if r['identical'] else 'no'}")
         calls = r["aten_calls_per_decode_step"]
         theirs = f"{calls['tf']} ({calls['tf'] / calls['ours']:.2f}x ours)" if "tf" in calls else "n/a"
-        before = (f" (main before #19: {BEFORE_ATEN['ours']} and {BEFORE_ATEN['ours_draft_step']:.0f})"
+        before = (f" (commit c9ac016: {BEFORE_ATEN['ours']} and {BEFORE_ATEN['ours_draft_step']:.0f})"
                   if section == "demo" else "")
         lines.append(f"   ATen calls: a decode step {calls['ours']}, a draft step {calls['ours_draft_step']:.0f}{before}; "
                      f"transformers' decode step {theirs}")

@@ -88,7 +88,7 @@ def split_prompts(texts: list[str] | None, ids: list[list[int]] | None,
 
 
 def run_batch(
-    model: Gemma4Model, drafter: Drafter | None, draft_length: DraftLength | None, rows: list[list[int]],
+    *, model: Gemma4Model, drafter: Drafter | None, draft_length: DraftLength | None, rows: list[list[int]],
     max_new_tokens: int, stops: list[int], sampler: SamplerConfig, drafting: str,
     tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool, show_drafts: bool,
     row_stats: Callable[..., dict], sampling_json: Callable[[int], dict],

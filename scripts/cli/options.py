@@ -33,13 +33,12 @@ import torch
 from gemma4.config import read_json
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
-from gemma4.tokenizer import Gemma4Tokenizer, stop_ids
+from gemma4.tokenizer import Gemma4Tokenizer, needs_empty_thought, stop_ids
 from gemma4.weights import load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.speculative import DRAFTING
 
-REPO = Path(__file__).resolve().parent.parent
-DEMO_TARGET = REPO / "scripts" / "demo" / "target"
+DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 USAGE_ERROR, INTERRUPTED = 2, 130
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -271,15 +270,11 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None],
     if threads is not None:
         torch.set_num_threads(threads)
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
-    # 26B-A4B and 31B write an empty thought block after the model turn, E2B and E4B do not. Only E2B/E4B
-    # have Per-Layer Embeddings, and their hidden size is at most 2560; the larger two have none and
-    # hidden 2816 / 5376.
-    empty_thought = not model.config.ple_dim and model.config.hidden_size > 2560
     stops = [] if a.ignore_eos else stop_ids(target_dir)
     say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
         f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'})")
-    target = Target(name, target_dir, model, tokenizer, has_chat_template(target_dir), empty_thought, stops,
-                    sampler, from_file)
+    target = Target(name, target_dir, model, tokenizer, chat=has_chat_template(target_dir),
+                    empty_thought=needs_empty_thought(model.config), stops=stops, sampler=sampler, from_file=from_file)
     return target, dev, dtype
 
 

@@ -12,13 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # so that a checkout runs without `pip install -e .` too
+import torch
 
-import torch  # noqa: E402
+from gemma4 import load_target
+from gemma4.model import Gemma4Model
 
-from gemma4 import load_target  # noqa: E402
-from gemma4.model import Gemma4Model  # noqa: E402
+SCRIPTS = Path(__file__).resolve().parent.parent
 
 
 def status_mib() -> dict[str, float]:
@@ -60,10 +59,9 @@ def memory_child(model_dir: Path, dtype: str) -> dict[str, Any]:
 
 def memory_section(model_dir: Path, dtype: str) -> dict[str, Any]:
     """memory_child in a fresh interpreter: nothing loaded before can hide in the peak."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _benchmark_memory as m; "
-            "print(json.dumps(m.memory_child(m.Path(sys.argv[2]), sys.argv[3])))")
-    out = subprocess.run([sys.executable, "-c", code, str(REPO / "scripts"), str(model_dir), dtype],
-                         capture_output=True, text=True)
+    # `-m` puts the working directory first on the child's path: run in scripts/, it finds bench.memory.
+    out = subprocess.run([sys.executable, "-m", "bench.memory", str(model_dir.resolve()), dtype],
+                         capture_output=True, text=True, cwd=SCRIPTS)
     if out.returncode:
         raise RuntimeError(f"the memory measurement failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -77,3 +75,7 @@ def decode_bytes(model: Gemma4Model) -> int:
         table = model.embed_tokens_per_layer.weight  # (V, L*P)
         total -= (table.shape[0] - 1) * table.shape[1] * table.element_size()
     return total
+
+
+if __name__ == "__main__":  # memory_section's child: python -m bench.memory MODEL_DIR DTYPE
+    print(json.dumps(memory_child(Path(sys.argv[1]), sys.argv[2])))

@@ -1,0 +1,1 @@
+"""The sections of benchmark.py: batches, memory, sampling, the transformers baseline, random pairs, the report."""
