@@ -5,9 +5,9 @@
 
 Sections (`--only a,b`):
 - `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, our plain
-  decoding of the pair loaded with `pack=False`, and `transformers`' plain and assisted `generate` with the
+  decoding of the pair loaded with `fast=False` (the textbook modules), and `transformers`' plain and assisted `generate` with the
   same assistant: tokens/s, the ratios, whether all produced the same tokens, acceptance rates; ATen calls
-  of a decode step and of a draft step (commit c9ac016's beside them); the loaders' packing
+  of a decode step and of a draft step (commit c9ac016's beside them); the loaders' kernel
   decisions, one per (shape, dtype), and what they cost the load.
 - `bench`: the same on a random mid-size pair (16 layers of width 512, MLP 2048), written once under
   `--e2b-dir`: weights of about a million elements, where whether packing pays depends most on the CPU.
@@ -59,10 +59,11 @@ from bench.report import goals, table
 from bench.sampling import sampling_goals, sampling_section, sampling_table
 from bench.transformers_baseline import load_transformers, tf_decode_step, tf_generate
 from gemma4 import KVCache, greedy_generate, load_target
-from gemma4.config import read_json
+from gemma4.config_file import read_json
 from gemma4.model import Gemma4Model, ModelOutput
-from gemma4.packing import Product, packable
-from gemma4.weights import stacks
+from gemma4.fast import Product, kernels_of
+from gemma4.fast.kernels import packable
+from gemma4.fast.apply import groups
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate
 from mtp.speculative import target_kv
 
@@ -131,18 +132,19 @@ def our_decode_step(target: Gemma4Model, prompt: list[int]) -> Callable[[], Any]
 
 # ---------------------------------------------------------------- sections
 
-def loaded(target_dir: Path, assistant_dir: Path, pack: bool = True) -> tuple[Gemma4Model, Drafter, float]:
+def loaded(target_dir: Path, assistant_dir: Path, fast: bool = True) -> tuple[Gemma4Model, Drafter, float]:
     """The pair as the loaders give it, and the seconds loading took (the packing decisions included)."""
     start = time.perf_counter()
-    target, drafter = load_target(target_dir, pack=pack), load_drafter(assistant_dir, pack=pack)
+    target, drafter = load_target(target_dir, fast=fast), load_drafter(assistant_dir, fast=fast)
     return target, drafter, time.perf_counter() - start
 
 
 def packing_report(target: Gemma4Model, drafter: Drafter, load_s: float, unpacked_load_s: float | None
                    ) -> dict[str, Any]:
-    """The loaders' packing decisions (gemma4/packing.py), one per (shape, dtype), and what they cost the load."""
-    return {"target": [c._asdict() for c in target.packing], "assistant": [c._asdict() for c in drafter.packing],
-            "decision_s": sum(c.cost_s for c in target.packing + drafter.packing), "load_s": load_s,
+    """The loaders' kernel decisions (gemma4/fast/), one per (shape, dtype), and what they cost the load."""
+    mine, theirs = kernels_of(target), kernels_of(drafter)
+    return {"target": [c._asdict() for c in mine], "assistant": [c._asdict() for c in theirs],
+            "decision_s": sum(c.cost_s for c in mine + theirs), "load_s": load_s,
             "load_s_pack_false": unpacked_load_s}
 
 
@@ -150,7 +152,7 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
                  use_transformers: bool, warm_tokens: int, against_unpacked: bool
                  ) -> tuple[dict[str, Any], Gemma4Model, Drafter]:
     """Our plain and speculative decoding against transformers' plain and assisted generate; with
-    `against_unpacked`, our plain decoding of the pair loaded with `pack=False` too."""
+    `against_unpacked`, our plain decoding of the pair loaded with `fast=False` too."""
     target, drafter, load_s = loaded(target_dir, assistant_dir)
     acceptance: dict[str, float] = {}
 
@@ -163,7 +165,7 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
         "ours_plain": lambda n: greedy_generate(target, prompt, n), "ours_spec": ours_spec}
     unpacked_load_s = None
     if against_unpacked:
-        unpacked, _, unpacked_load_s = loaded(target_dir, assistant_dir, pack=False)
+        unpacked, _, unpacked_load_s = loaded(target_dir, assistant_dir, fast=False)
         runs["ours_plain_pack_false"] = lambda n: greedy_generate(unpacked, prompt, n)
     tf = load_transformers(target_dir, assistant_dir) if use_transformers else "skipped (--no-transformers)"
     if not isinstance(tf, str):
@@ -245,11 +247,11 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     src = torch.ones(mib * 2**20 // 4)
     dst = torch.empty_like(src)
     dtype = target.embed_tokens.weight.dtype
-    keys = max((keys for keys, _, _ in stacks(target)), key=lambda ks: sum(target.get_parameter(k).numel() for k in ks))
+    keys = max((keys for _, keys in groups(target)), key=lambda ks: sum(target.get_parameter(k).numel() for k in ks))
     weight = torch.cat([target.get_parameter(k).to(dtype) for k in keys])  # (O, I), as the product multiplies it
     runs: dict[str, Callable[[], Any]] = {
         "decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, p), "copy": lambda: dst.copy_(src)}
-    ways = {"plain": Product((), weight, False)} | ({"packed": Product((), weight, True)} if packable(weight) else {})
+    ways = {"plain": Product(weight, False)} | ({"packed": Product(weight, True)} if packable(weight) else {})
     x = {m: torch.ones(1, m, weight.shape[1], dtype=dtype) for m in ROWS}
     for way, product in ways.items():
         runs |= {f"{way}{m}": lambda m=m, product=product: product(x[m]) for m in ROWS}

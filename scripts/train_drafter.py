@@ -44,11 +44,13 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from gemma4.config import FULL, SLIDING, DEFAULT_ROPE, TextConfig, read_json, text_fields
+from gemma4.config import FULL, SLIDING, TextConfig
+from gemma4.config_file import DEFAULT_ROPE, read_json, text_fields
 from gemma4.model import Gemma4Model
 from gemma4.weights import load_target
 from measure_pair import PROMPT_TOKENS, measure
-from mtp.drafter import Drafter, drafter_config_from_dict, load_drafter
+from mtp.drafter import Drafter
+from mtp.loading import drafter_config_from_dict, load_drafter
 from training.common import (
     adamw, corpus_files, cosine_lr, dtype_name, held_out_prompts, init_weights, parse_dtype, read_texts,
     sample_windows, save_weights, token_stream, write_json,
@@ -139,7 +141,7 @@ def init_drafter(drafter: Drafter, target: Gemma4Model, seed: int, init: Path | 
     assistant in `init`, which must have the same shape); return cluster id per token (V,)."""
     cfg = drafter.config
     if init is not None:
-        drafter.load_state_dict(load_drafter(init, pack=False).state_dict(), strict=True)
+        drafter.load_state_dict(load_drafter(init, fast=False).state_dict(), strict=True)
         order = drafter.masked_embedding.token_ordering
     else:
         init_weights(drafter, seed)

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from gemma4.config import FULL, SLIDING, text_config_from_dict
+from gemma4.config import FULL, SLIDING
+from gemma4.config_file import text_config_from_dict
 from gemma4.model import Gemma4Model
 from training.common import (
     adamw, cosine_lr, dtype_name, init_weights, parse_dtype, read_texts, sample_windows, save_weights,

@@ -91,7 +91,7 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
     assert all("at_least" in g for name, g in goals.items() if name.startswith(("demo:", "bench:", "e2b")))
     assert {"e2b bf16: decode / memory-bandwidth bound", "e2b: implied speedup at acceptance 0.7, best K",
             "first-forward peak / weights as loaded (bf16)", "demo: ATen calls per decode step of the target",
-            "bench: plain decode, packed / pack=False", "demo: plain decode, packed / pack=False"} <= set(goals)
+            "bench: plain decode, fast / fast=False", "demo: plain decode, fast / fast=False"} <= set(goals)
     printed = benchmark.table(result)
     # The goals block ends the table: a row per goal of the result, in its order, with its name and measured value.
     rows = printed.partition("\n== goals")[2].splitlines()[1:]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gemma4.cache import KVCache
-from gemma4.config import text_config_from_dict
+from gemma4.config_file import text_config_from_dict
 from tests.checkpoints import target_text_config
 
 

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from gemma4.config import FULL, SLIDING, ConfigError, load_config, text_config_from_dict, text_fields
+from gemma4.config import FULL, SLIDING, ConfigError
+from gemma4.config_file import load_config, text_config_from_dict, text_fields
 
 ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

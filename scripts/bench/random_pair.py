@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from gemma4.config import FULL, SLIDING, read_json, text_config_from_dict
+from gemma4.config import FULL, SLIDING
+from gemma4.config_file import read_json, text_config_from_dict
 from gemma4.tokenizer import Gemma4Tokenizer
 from gemma4.weights import target_weight_table
-from mtp.drafter import drafter_config_from_dict, drafter_weight_table
+from mtp.loading import drafter_config_from_dict, drafter_weight_table
 
 STOP_IDS = [1, 106, 50]
 DTYPE_CODES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64"}

@@ -6,7 +6,7 @@ It reads only the result object, the one `--json` prints, so a saved run can be 
 
 from typing import Any
 
-from gemma4.packing import VERIFY_ROWS
+from gemma4.fast import VERIFY_ROWS
 
 
 # ATen calls of commit c9ac016's code on the demo pair, counted by benchmark.py's own `aten_calls` and
@@ -29,7 +29,7 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
             goal(f"{section}: ours speculative / transformers assisted", r["ratios"].get("ours_spec/tf_assisted"),
                  2.0, True)
             if "ours_plain/ours_plain_pack_false" in r["ratios"]:
-                goal(f"{section}: plain decode, packed / pack=False", r["ratios"]["ours_plain/ours_plain_pack_false"],
+                goal(f"{section}: plain decode, fast / fast=False", r["ratios"]["ours_plain/ours_plain_pack_false"],
                      1.0, True)
             goal(f"{section}: identical tokens (1 = yes)", float(r["identical"]), 1.0, True)
     if result.get("demo"):
@@ -68,7 +68,7 @@ def table(result: dict[str, Any]) -> str:
                   *([f"   {r['note']}"] if r.get("note") else []),
                   f"   {'method':<32}{'tokens/s':>10}{'acceptance':>12}"]
         names = {"ours_plain": "ours, plain greedy", "ours_spec": "ours, speculative",
-                 "ours_plain_pack_false": "ours, plain greedy, pack=False",
+                 "ours_plain_pack_false": "ours, plain greedy, fast=False",
                  "tf_plain": "transformers generate", "tf_assisted": "transformers assisted generate"}
         for name, label in names.items():
             m = r["methods"].get(name)
@@ -111,8 +111,8 @@ def packing_lines(p: dict[str, Any] | None) -> list[str]:
     """One line per (shape, dtype) the loaders decided on: the decision and its timings."""
     if not p:
         return []
-    unpacked = "" if p["load_s_pack_false"] is None else f", {p['load_s_pack_false']:.2f} s with pack=False"
-    lines = [f"   loading: {p['load_s']:.2f} s for the pair{unpacked}; the packing decisions took {p['decision_s']:.2f} s"]
+    unpacked = "" if p["load_s_pack_false"] is None else f", {p['load_s_pack_false']:.2f} s with fast=False"
+    lines = [f"   loading: {p['load_s']:.2f} s for the pair{unpacked}; the kernel decisions took {p['decision_s']:.2f} s"]
     for model in ("target", "assistant"):
         for c in p[model]:
             timed = ("" if c["plain_s"] is None else

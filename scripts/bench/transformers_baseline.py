@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from gemma4.config import read_json
+from gemma4.config_file import read_json
 
 
 def load_transformers(target_dir: Path, assistant_dir: Path) -> tuple[Any, Any, str] | str:

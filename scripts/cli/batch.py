@@ -3,7 +3,7 @@
 - `--prompt` and `--prompt-ids` may be given several times, one row each, and `--prompts-file FILE`
   (`-`: stdin) adds text prompts: one per line, or the blocks between lines holding only `---`, which
   may span lines. One prompt in all runs exactly as a single prompt; several run as one batch
-  (gemma4/batch.py, mtp/batch.py) and each row's text is printed on stdout after a line `== row i: ...`;
+  (gemma4/extras/batch.py, mtp/extras/batch.py) and each row's text is printed on stdout after a line `== row i: ...`;
   the totals go to stderr.
 - With sampling, row i uses seed + i: `--seed` + i reproduces that row alone.
 - `--json` prints {"rows": [the one-prompt object of each row], "stats": {batch totals}}. A row's
@@ -21,13 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gemma4.batch import sample_generate_batch
+from gemma4.extras.batch import sample_generate_batch
 from gemma4.generate import sample_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import DraftLength, Drafter, speculative_generate
-from mtp.batch import speculative_generate_batch
+from mtp.extras.batch import speculative_generate_batch
 
 
 SEPARATOR = "---"  # a line holding only this separates prompts that span lines

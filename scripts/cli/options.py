@@ -30,7 +30,7 @@ from typing import NoReturn
 
 import torch
 
-from gemma4.config import read_json
+from gemma4.config_file import read_json
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, needs_empty_thought, stop_ids

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gemma4.batch import sample_generate_batch
+from gemma4.extras.batch import sample_generate_batch
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 
