@@ -7,7 +7,7 @@ Sections (`--only a,b`):
 - `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, our plain
   decoding of the pair loaded with `fast=False` (the textbook modules), and `transformers`' plain and assisted `generate` with the
   same assistant: tokens/s, the ratios, whether all produced the same tokens, acceptance rates; ATen calls
-  of a decode step and of a draft step (commit c9ac016's beside them); the loaders' kernel
+  of a decode step and of a draft step; the loaders' kernel
   decisions, one per (shape, dtype), and what they cost the load.
 - `bench`: the same on a random mid-size pair (16 layers of width 512, MLP 2048), written once under
   `--e2b-dir`: weights of about a million elements, where whether packing pays depends most on the CPU.

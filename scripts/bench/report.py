@@ -1,4 +1,4 @@
-"""What scripts/benchmark.py prints: the table of one run's results, and the issues' goals beside the figures.
+"""What scripts/benchmark.py prints: the table of one run's results, and the goals beside the figures.
 
 It reads only the result object, the one `--json` prints, so a saved run can be printed again with
 `table(json.load(open(path)))`.
@@ -9,13 +9,8 @@ from typing import Any
 from gemma4.fast import VERIFY_ROWS
 
 
-# ATen calls of commit c9ac016's code on the demo pair, counted by benchmark.py's own `aten_calls` and
-# `draft_step_calls` on that commit: the reference printed beside this run's count.
-BEFORE_ATEN = {"ours": 4999, "ours_draft_step": 647.0}
-
-
 def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's numeric goals, each with the measured value and whether it reaches the goal."""
+    """The numeric goals, each with the measured value and whether it reaches the goal."""
     out = []
 
     def goal(name: str, value: float | None, limit: float, at_least: bool) -> None:
@@ -80,9 +75,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"   identical tokens (every method)  {'yes' if r['identical'] else 'no'}")
         calls = r["aten_calls_per_decode_step"]
         theirs = f"{calls['tf']} ({calls['tf'] / calls['ours']:.2f}x ours)" if "tf" in calls else "n/a"
-        before = (f" (commit c9ac016: {BEFORE_ATEN['ours']} and {BEFORE_ATEN['ours_draft_step']:.0f})"
-                  if section == "demo" else "")
-        lines.append(f"   ATen calls: a decode step {calls['ours']}, a draft step {calls['ours_draft_step']:.0f}{before}; "
+        lines.append(f"   ATen calls: a decode step {calls['ours']}, a draft step {calls['ours_draft_step']:.0f}; "
                      f"transformers' decode step {theirs}")
         lines += packing_lines(r.get("packing"))
     lines += costs_lines(result.get("costs"), "float32") + bandwidth_lines(result.get("bandwidth"))
