@@ -47,13 +47,6 @@ class SpecStats:
     def per_position_acceptance(self) -> list[float]:
         return [a / d for a, d in zip(self.accepted_at, self.drafted_at)]
 
-
-@dataclass
-class SpecResult:
-    tokens: list[int]
-    stats: SpecStats
-    finish_reason: str  # "stop" or "length"
-
     @property
     def k_histogram(self) -> dict[int, int]:
         """K -> the rounds that drafted K tokens, K = 0 included."""
@@ -63,3 +56,10 @@ class SpecResult:
     def seconds_at_zero(self) -> float:
         """Time spent in rounds that drafted nothing (plain decode steps)."""
         return sum(r.seconds for r in self.rounds if not r.drafted)
+
+
+@dataclass
+class SpecResult:
+    tokens: list[int]
+    stats: SpecStats
+    finish_reason: str  # "stop" or "length"

@@ -144,7 +144,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     seconds = time.perf_counter() - start
     stream.finish()
     result = {"tokens": tokens, "text": stream.text(), "finish_reason": finish_reason,
-              "stats": stats_json(stats, tokens, seconds),
+              "stats": stats_json(stats, tokens, seconds, draft_length if drafter is not None else None),
               "sampling": {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
                            "seed": sampler.seed, "drafting": drafting}}
 

@@ -131,7 +131,17 @@ RULES = {  # name -> (drafting mode, the function replaced, its replacement); No
     "sample": ("sample", None, None),
     "sample, transformers' raw-q rule": ("sample", "accept_rejection", rejection_transformers),
     "sample, bonus from the wrong row": ("sample", "accept_rejection", rejection_wrong_bonus),
+    "argmax, auto schedule": ("argmax", None, None),
+    "sample, auto schedule": ("sample", None, None),
 }
+
+
+def draft_length(rule: str) -> DraftLength:
+    """K drafts a round, or the auto schedule with fixed costs (a verify costs 1 + 0.2 per extra row, a draft
+    step 0.3): K then follows the acceptance alone, so the run is the same on every machine."""
+    if "auto" in rule:
+        return DraftLength(K, "auto", costs=lambda n: 1.0 + 0.2 * (n - 1), draft_cost=0.3)
+    return DraftLength(K)
 
 
 # ---------------------------------------------------------------- the tests
@@ -159,7 +169,7 @@ def test_first_tokens_follow_the_target_law(rule: str, pair, law, monkeypatch: p
         monkeypatch.setattr(rules, replaced, replacement)
     samples, accepted = [], 0
     for seed in range(N):
-        result = speculative_generate(target, drafter, prompt("short"), L, DraftLength(K),
+        result = speculative_generate(target, drafter, prompt("short"), L, draft_length(rule),
                                       sampler=SamplerConfig(**SAMPLER, seed=seed), drafting=drafting)
         samples.append(tuple(result.tokens))
         accepted += result.stats.accepted

@@ -36,6 +36,7 @@ from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, needs_empty_thought, stop_ids
 from gemma4.weights import load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
+from mtp.schedule import MAX_K
 from mtp.speculative import DRAFTING
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
@@ -299,7 +300,9 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
         k = int(read_json(gen).get("num_assistant_tokens", 4)) if gen.is_file() else 4
     schedule = a.schedule or "constant"
     say(f"assistant  {name} ({k} drafts per round, {schedule} schedule)")
-    return Assistant(name, drafter, DraftLength(k, schedule), a.drafting or "argmax")
+    # auto chooses K in 0..max_k: at least the default 8, or the K asked for
+    length = DraftLength(k, schedule, max_k=max(MAX_K, k)) if schedule == "auto" else DraftLength(k, schedule)
+    return Assistant(name, drafter, length, a.drafting or "argmax")
 
 
 def sampling_line(target: Target, assistant: Assistant | None) -> str:

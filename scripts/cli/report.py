@@ -1,13 +1,15 @@
 """The statistics of a run, as scripts/generate.py and scripts/chat.py print them: the `stats` object
 of `--json` and the block of text on stderr (and chat's `/stats`)."""
 
-from mtp import SpecStats
+from mtp import DraftLength, SpecStats
 
 
-def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float) -> dict:
-    """The `stats` object; plain decoding runs one target forward per token and drafts nothing."""
+def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
+               draft_length: DraftLength | None = None) -> dict:
+    """The `stats` object; plain decoding runs one target forward per token and drafts nothing. With the
+    schedule, what it learned (`auto`: its estimates of acceptance and costs)."""
     forwards = stats.target_forwards if stats else len(tokens)
-    return {
+    out = {
         "target_forwards": forwards,
         "drafted": stats.drafted if stats else 0,
         "accepted": stats.accepted if stats else 0,
@@ -15,8 +17,15 @@ def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float) -> di
         "tokens_per_forward": len(tokens) / forwards if forwards else 0.0,
         "seconds": seconds,
         "tokens_per_second": len(tokens) / seconds if seconds else 0.0,
-        "rounds": [{"drafted": r.drafted, "accepted": r.accepted} for r in stats.rounds] if stats else [],
+        "rounds": [{"drafted": r.drafted, "accepted": r.accepted, "seconds": r.seconds} for r in stats.rounds]
+        if stats else [],
+        "draft_lengths": {str(k): n for k, n in stats.k_histogram.items()} if stats else {},
+        "seconds_at_k0": stats.seconds_at_zero if stats else 0.0,
     }
+    if draft_length is not None:
+        out["schedule"] = {"name": draft_length.schedule,
+                           "estimates": draft_length.estimates() if draft_length.schedule == "auto" else None}
+    return out
 
 
 def stats_text(result: dict, stats: SpecStats | None) -> str:
@@ -30,7 +39,10 @@ def stats_text(result: dict, stats: SpecStats | None) -> str:
                   f"plain decoding needs {len(result['tokens'])})",
                   f"tokens per forward   {s['tokens_per_forward']:.2f}",
                   f"drafted, accepted    {s['drafted']}, {s['accepted']}: acceptance rate {s['acceptance_rate']:.1%}",
-                  f"accepted by position {by_position or '-'}"]
+                  f"accepted by position {by_position or '-'}",
+                  f"draft lengths        {k_line(s)}"]
+        if (s.get("schedule") or {}).get("estimates"):
+            lines.append(f"auto's estimates     {estimates_line(s['schedule']['estimates'])}")
     else:
         lines.append(f"target forwards      {s['target_forwards']} (one per token)")
     lines.append(f"time                 {s['seconds']:.2f} s, {s['tokens_per_second']:.1f} tokens/s")
@@ -48,3 +60,17 @@ def stats_text(result: dict, stats: SpecStats | None) -> str:
 def first_difference(result: dict) -> int:
     a, b = result["tokens"], result["plain"]["tokens"]
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def k_line(s: dict) -> str:
+    """The K of every round, as a histogram, and the time spent at K = 0 (plain decode steps)."""
+    histogram = "  ".join(f"K={k}: {n}" for k, n in s["draft_lengths"].items()) or "-"
+    at_zero = s["seconds_at_k0"] / s["seconds"] if s["seconds"] else 0.0
+    return f"{histogram} rounds; {at_zero:.0%} of the time at K = 0"
+
+
+def estimates_line(e: dict) -> str:
+    alpha = " ".join(f"{a:.2f}" for a in e["alpha"])
+    verify = "/".join(f"{e['verify_s'][n] * 1e3:.1f}" for n in sorted(e["verify_s"]))
+    return (f"acceptance by position {alpha}; ms: draft step {e['draft_s'] * 1e3:.2f}, "
+            f"verify of 1..{len(e['verify_s'])} rows {verify}")
