@@ -120,7 +120,9 @@ def test_centroid_greedy_needs_no_full_vocabulary(pair) -> None:  # noqa: ANN001
     other = int(ids[0, scores[0].argsort()[-2]])
     tied = head.clone()
     tied[min(best, other)] = tied[max(best, other)] = head[best]
-    drafter.model.embed_tokens.weight.data, saved = tied, head
+    # `head` is the Parameter itself, whose .data the next line replaces: keep the original tensor, or the
+    # module-scoped drafter would stay tied for every later test.
+    saved, drafter.model.embed_tokens.weight.data = head.data, tied
     try:
         assert int(drafter.greedy_token(hn[:1])) == min(best, other) == int(drafter.logits(hn[:1]).argmax())
     finally:
