@@ -98,11 +98,11 @@ def _router_in_dtype(router: Gemma4TextRouter, x: Tensor) -> tuple[Tensor, Tenso
 
 
 def _power_frequencies(rope: Gemma4TextRotaryEmbedding) -> None:
-    """The RoPE table of a float64 run, with ours: both compute angles, cos and sin in fp32 whatever the
-    dtype (the spec's table), and TF writes the frequencies 1/θ^(2i/D) where we write θ^(-2i/D); the two
-    differ in the last fp32 bit for a few pairs, which alone moves float64 logits by ~1e-5. Taking
-    θ^(-2i/D) here lets the float64 comparison see the rest of the math exactly; the assertion keeps the
-    change to that one rounding. (The float32 oracle keeps TF's own table.)"""
+    """TF and we both compute RoPE's angles, cos and sin in fp32 whatever the model's dtype, but TF's
+    frequencies are 1/θ^(2i/D) and ours θ^(-2i/D): 4 of the 24 test pairs differ in the last fp32 bit,
+    which alone moves float64 logits by up to 1e-5. A float64 run takes θ^(-2i/D), so that comparing
+    the two float64 runs sees the rest of the math exactly; the assertion limits the change to that
+    one rounding. The float32 oracle keeps TF's own table."""
     for kind, params in rope.config.rope_parameters.items():
         tf_freqs = getattr(rope, f"{kind}_inv_freq")  # (D/2,) fp32, 0 past the rotated pairs ("proportional")
         d = 2 * tf_freqs.shape[0]
@@ -113,10 +113,11 @@ def _power_frequencies(rope: Gemma4TextRotaryEmbedding) -> None:
 
 
 def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
-    """TF runs three steps in fp32 whatever the model's dtype: every RMSNorm (`x.float()`), the
-    attention softmax and the MoE router's softmax. A float64 run that kept them would carry fp32
-    rounding (~1e-5 on the test logits); this one replaces those forwards on the model's own modules
-    (no class is patched) with the same formulas in the input's dtype, and takes sdpa for attention."""
+    """A float64 model computed in float64. TF runs three steps in fp32 whatever the model's dtype:
+    every RMSNorm (`x.float()`), eager attention's softmax and the MoE router's softmax, which left
+    the float64 test logits up to 7e-5 off. This replaces those forwards on the model's own modules
+    (no class is patched) with the same formulas in the input's dtype (attention: sdpa, see
+    `_attention`), and takes our RoPE frequencies (`_power_frequencies`)."""
     for module in model.modules():
         if isinstance(module, Gemma4RMSNorm):
             module.forward = MethodType(_rms_norm_in_dtype, module)
