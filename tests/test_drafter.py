@@ -1,6 +1,7 @@
-"""The drafter against transformers 5.22.2 `Gemma4AssistantForCausalLM` on the same files (float32):
-logits of both heads and the next hidden for the same target state, whole drafting rounds, and the
-first round of transformers' assisted `generate`. Plus the load-time pair checks."""
+"""The drafter against transformers 5.22.2 `Gemma4AssistantForCausalLM` on the same files: logits of
+both heads and the next hidden for the same target state (float32, bound against a float64 run:
+tests/tolerance.py), whole drafting rounds, and the first round of transformers' assisted `generate`.
+Plus the load-time pair checks."""
 
 import json
 from pathlib import Path
@@ -14,6 +15,7 @@ from mtp.loading import drafter_config_from_dict
 from mtp.speculative import target_kv
 from tests.checkpoints import SHAPES, write_assistant, write_target
 from tests.tf_oracle import tf_assisted_greedy, tf_assistant, tf_draft, tf_drafter_step, tf_target, tf_target_outputs
+from tests.tolerance import assert_fp32_parity
 
 CASES = [(shape, ordered) for shape in SHAPES for ordered in (True, False)]
 
@@ -24,12 +26,28 @@ def prompt(length: int, seed: int = 11) -> list[int]:
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{s}-{'centroid' if o else 'dense'}" for s, o in CASES])
-def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     shape, ordered = request.param
     root = tmp_path_factory.mktemp(shape)
     target = write_target(root / "target", shape)
-    assistant = write_assistant(root / "assistant", target, ordered_embeddings=ordered, seed=3)
-    return load_target(target), load_drafter(assistant), tf_target(target), tf_assistant(assistant)
+    return target, write_assistant(root / "assistant", target, ordered_embeddings=ordered, seed=3)
+
+
+def load_pair(files: tuple[Path, Path], dtype: torch.dtype):  # noqa: ANN201
+    target, assistant = files
+    return (load_target(target, dtype=dtype), load_drafter(assistant, dtype=dtype),
+            tf_target(target, dtype=dtype), tf_assistant(assistant, dtype=dtype))
+
+
+@pytest.fixture(scope="module")
+def pair(files: tuple[Path, Path]):  # noqa: ANN201
+    return load_pair(files, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def pair64(files: tuple[Path, Path]):  # noqa: ANN201
+    """The same files in float64: the reference the float32 pair is measured against."""
+    return load_pair(files, torch.float64)
 
 
 def our_state(target, ids: list[int]):  # noqa: ANN001, ANN201
@@ -40,23 +58,34 @@ def our_state(target, ids: list[int]):  # noqa: ANN001, ANN201
     return int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, len(ids))
 
 
+def one_step(target, drafter, tf_t, tf_a, ids: list[int], token: int):  # noqa: ANN001, ANN201
+    """Both drafters' step from transformers' own target state over ids, at t = len(ids) -> ours (model
+    head logits, dense head logits, next hidden), our greedy token, and transformers' DrafterStep."""
+    state, t = tf_target_outputs(tf_t, ids), len(ids)
+    kv = {kind: (k[:, :, :t], v[:, :, :t]) for kind, (k, v) in state.kv.items()}  # positions 0..t-1
+    inputs = drafter.layer_inputs(torch.tensor([t]), t, state.hidden.dtype)
+    hn, next_hidden = drafter.step(target.embed(torch.tensor([[token]])), state.hidden[None, -1:], inputs, kv)
+    hn = hn[:, 0]  # (1, D)
+    ours = (drafter.logits(hn)[0], hn[0] @ drafter.model.embed_tokens.weight.T, next_hidden[0, 0])  # (V,), (V,), (E,)
+    return ours, int(drafter.greedy_token(hn)), tf_drafter_step(tf_a, tf_t, state, token, t)
+
+
 @pytest.mark.parametrize("length", [4, 21])  # within and beyond the drafter's window (6)
-def test_one_step_matches_transformers(pair, length: int) -> None:  # noqa: ANN001
-    """The same target state (transformers' own) goes into both drafters."""
+def test_one_step_matches_transformers(pair, pair64, length: int,  # noqa: ANN001
+                                       request: pytest.FixtureRequest) -> None:
+    """The same target state (transformers' own) goes into both drafters, in float32 and in float64."""
     target, drafter, tf_t, tf_a = pair
     ids = prompt(length)
-    state = tf_target_outputs(tf_t, ids)
-    token, t = int(state.logits[-1].argmax()), len(ids)
-    kv = {kind: (k[:, :, :t], v[:, :, :t]) for kind, (k, v) in state.kv.items()}  # positions 0..t-1
-    inputs = drafter.layer_inputs(torch.tensor([t]), t, torch.float32)
-    hn, next_hidden = drafter.step(target.embed(torch.tensor([[token]])), state.hidden[None, -1:], inputs, kv)
-    hn, next_hidden = hn[:, 0], next_hidden[0, 0]  # (1, D), (E,)
-    expected = tf_drafter_step(tf_a, tf_t, state, token, t)
-    torch.testing.assert_close(drafter.logits(hn)[0], expected.logits, atol=1e-4, rtol=0)  # the model's head
-    dense = hn[0] @ drafter.model.embed_tokens.weight.T
-    torch.testing.assert_close(dense, expected.dense_logits, atol=1e-4, rtol=0)  # the dense head, always
-    torch.testing.assert_close(next_hidden, expected.hidden, atol=1e-4, rtol=0)
-    assert int(drafter.greedy_token(hn)) == expected.token
+    token = int(tf_target_outputs(tf_t, ids).logits[-1].argmax())  # the same token in both runs
+    ours, greedy, theirs = one_step(target, drafter, tf_t, tf_a, ids, token)
+    ours64, _, theirs64 = one_step(*pair64, ids, token)
+    depth = target.config.num_layers + drafter.config.text.num_layers  # the target's error is in the state
+    case = request.node.callspec.id  # e.g. e2b-centroid-21
+    heads = (("model head", 0, "logits"), ("dense head", 1, "dense_logits"), ("next hidden", 2, "hidden"))
+    for name, i, field in heads:
+        assert_fp32_parity(f"drafter {name}", case, ours[i], getattr(theirs, field), ours64[i],
+                           getattr(theirs64, field), depth)
+    assert greedy == theirs.token
 
 
 def test_a_whole_round_matches_transformers(pair) -> None:  # noqa: ANN001
@@ -91,7 +120,9 @@ def test_centroid_greedy_needs_no_full_vocabulary(pair) -> None:  # noqa: ANN001
     other = int(ids[0, scores[0].argsort()[-2]])
     tied = head.clone()
     tied[min(best, other)] = tied[max(best, other)] = head[best]
-    drafter.model.embed_tokens.weight.data, saved = tied, head
+    # `head` is the Parameter itself, whose .data the next line replaces: keep the original tensor, or the
+    # module-scoped drafter would stay tied for every later test.
+    saved, drafter.model.embed_tokens.weight.data = head.data, tied
     try:
         assert int(drafter.greedy_token(hn[:1])) == min(best, other) == int(drafter.logits(hn[:1]).argmax())
     finally:

@@ -1,9 +1,10 @@
 """Sampling: the warpers, keyed noise, and argmax-drafted speculative sampling == plain sampling.
 
-- The warpers against hand-checked cases (ties at the k-th logit, the top-p boundary, temperature
-  before top-k/top-p), against transformers' own warpers on random logits, and against a slow
-  reference (the full-vocabulary sort-and-softmax warp) on ties, -inf fillers and rows large enough
-  for the fast paths (two-pass top-k, value-slice top-p); numeric edges never give NaN.
+- The fast warp against the slow reference of gemma4/reference_warp.py (the full-vocabulary
+  sort-and-softmax warp) everywhere: on hand-checked cases (ties at the k-th logit, the top-p boundary,
+  temperature before top-k/top-p), on random logits where both must also equal transformers' own
+  warpers, and on ties, -inf fillers and rows large enough for the fast paths (two-pass top-k,
+  value-slice top-p); numeric edges never give NaN.
 - Keyed noise: the int64 tensor hash equals splitmix64 on Python ints; a token's noise does not depend
   on the other candidates; a position's draw depends on (seed, position) only; the global RNG is
   never touched.
@@ -20,6 +21,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from gemma4 import SamplerConfig, greedy_generate, sample_generate
+from gemma4.reference_warp import reference_warp
 from gemma4.sampling import (
     GOLDEN, MASK64, TARGET, UNIFORM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
     keyed_uniform, sample, signed, stream_key, uniform_from_bits, warp,
@@ -33,8 +35,11 @@ SAMPLER = dict(temperature=1.0, top_k=20, top_p=0.9)
 
 
 def kept(logits: list[float], **settings: float) -> list[int]:
-    """The tokens that keep a non-zero probability."""
-    probs = warp(torch.tensor([logits]), SamplerConfig(**settings))[0]
+    """The tokens that keep a non-zero probability, the same under the fast warp and the reference."""
+    x, cfg = torch.tensor([logits]), SamplerConfig(**settings)
+    probs, reference = warp(x, cfg)[0], reference_warp(x, cfg)[0]
+    assert torch.equal(probs > 0, reference > 0)
+    torch.testing.assert_close(probs, reference)
     return [i for i, p in enumerate(probs.tolist()) if p > 0]
 
 
@@ -83,24 +88,10 @@ def test_warpers_match_transformers(temperature: float, top_k: int, top_p: float
     if top_p < 1:
         scores = TopPLogitsWarper(top_p)(None, scores)
     theirs = scores.softmax(dim=-1)
-    assert torch.equal(ours > 0, theirs > 0)  # the same tokens kept
-    torch.testing.assert_close(ours, theirs)
-
-
-def reference_warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
-    """The obviously-correct warp, slow: the whole vocabulary divided, masked, sorted and soft-maxed."""
-    x = logits.float()
-    x = (x - x.max(dim=-1, keepdim=True).values) / cfg.temperature  # (N, V)
-    if 0 < cfg.top_k < x.shape[-1]:
-        kth = x.topk(cfg.top_k, dim=-1).values[:, -1:]  # (N, 1)
-        x = x.masked_fill(x < kth, float("-inf"))  # ties at the k-th logit stay
-    if cfg.top_p < 1:
-        sorted_x, order = x.sort(dim=-1, stable=True)  # ascending: the removed tokens are a prefix
-        cumulative = sorted_x.softmax(dim=-1).cumsum(dim=-1)
-        remove = cumulative <= 1 - cfg.top_p
-        remove[:, -1] = False  # the most likely token always stays
-        x = x.masked_fill(remove.scatter(1, order, remove), float("-inf"))
-    return x.softmax(dim=-1)
+    reference = reference_warp(logits, SamplerConfig(temperature, top_k, top_p))
+    for probs in (ours, reference):
+        assert torch.equal(probs > 0, theirs > 0)  # the same tokens kept
+        torch.testing.assert_close(probs, theirs)
 
 
 def rows(v: int, n: int, seed: int) -> torch.Tensor:

@@ -1,17 +1,19 @@
-"""The target against transformers 5.22.2 on the same tiny files, in float32: full-prompt logits,
-step-by-step cached logits and 64-token greedy decoding, for the three shapes, with prompts longer
-than the sliding window (8). Plus our cached decoder against our cache-free reference decoder."""
+"""The target against transformers 5.22.2 on the same tiny files: full-prompt logits and step-by-step
+cached logits (float32, bound against a float64 run: tests/tolerance.py) and 64-token greedy decoding,
+for the three shapes, with prompts longer than the sliding window (8). Plus our cached decoder against
+our cache-free reference decoder."""
 
 from pathlib import Path
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
-from gemma4 import KVCache, greedy_generate, load_target, reference_greedy
+from gemma4 import Gemma4Model, KVCache, greedy_generate, load_target, reference_greedy
+from gemma4.tokenizer import stop_ids
 from tests.checkpoints import SHAPES, STOP_IDS, write_target
 from tests.tf_oracle import tf_cached_step_logits, tf_greedy, tf_logits, tf_target
-
-MAX_DIFF: dict[str, float] = {}  # shape -> largest |ours - transformers| logit seen, printed at the end
+from tests.tolerance import assert_fp32_parity
 
 
 def prompt(seed: int, length: int, vocab: int = 512) -> list[int]:
@@ -20,38 +22,51 @@ def prompt(seed: int, length: int, vocab: int = 512) -> list[int]:
 
 
 @pytest.fixture(scope="module", params=SHAPES)
-def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    path = write_target(tmp_path_factory.mktemp(request.param), request.param)
-    return request.param, load_target(path), tf_target(path)
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    return request.param, write_target(tmp_path_factory.mktemp(request.param), request.param)
 
 
-def record(shape: str, ours: torch.Tensor, theirs: torch.Tensor) -> None:
-    MAX_DIFF[shape] = max(MAX_DIFF.get(shape, 0.0), float((ours - theirs).abs().max()))
+@pytest.fixture(scope="module")
+def pair(checkpoint: tuple[str, Path]):  # noqa: ANN201
+    shape, path = checkpoint
+    return shape, load_target(path), tf_target(path)
 
 
-def test_full_prompt_logits(pair) -> None:  # noqa: ANN001
+@pytest.fixture(scope="module")
+def pair64(checkpoint: tuple[str, Path]):  # noqa: ANN201
+    """The same checkpoint in float64: the reference the float32 pair is measured against."""
+    _, path = checkpoint
+    return load_target(path, dtype=torch.float64), tf_target(path, dtype=torch.float64)
+
+
+def test_full_prompt_logits(pair, pair64) -> None:  # noqa: ANN001
     shape, ours, theirs = pair
+    ours64, theirs64 = pair64
     for seed, length in ((0, 5), (1, 23), (2, 40)):  # shorter and longer than the window
         ids = prompt(seed, length)
-        expected = tf_logits(theirs, ids)
-        got = ours(torch.tensor([ids]))[0]
-        record(shape, got, expected)
-        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+        x = torch.tensor([ids])
+        assert_fp32_parity("target full prompt", f"{shape}, {length} tokens", ours(x)[0], tf_logits(theirs, ids),
+                           ours64(x)[0], tf_logits(theirs64, ids), ours.config.num_layers)
 
 
-def test_cached_step_logits(pair) -> None:  # noqa: ANN001
-    shape, ours, theirs = pair
-    ids, n_prompt = prompt(3, 30), 11
-    expected = tf_cached_step_logits(theirs, ids, n_prompt)  # (1 + 19, V)
-    cache = KVCache(ours.config, len(ids))
-    rows = [ours.run(torch.tensor([ids[:n_prompt]]), cache, 0, num_logits=1).logits[0, -1]]
+def cached_step_logits(model: Gemma4Model, ids: list[int], n_prompt: int) -> torch.Tensor:
+    """Our tf_cached_step_logits: prefill ids[:n_prompt], then one token per forward -> (1 + len - n_prompt, V)."""
+    cache = KVCache(model.config, len(ids), dtype=next(model.parameters()).dtype)
+    rows = [model.run(torch.tensor([ids[:n_prompt]]), cache, 0, num_logits=1).logits[0, -1]]
     cache.length = n_prompt
     for token in ids[n_prompt:]:
-        rows.append(ours.run(torch.tensor([[token]]), cache, cache.length).logits[0, -1])
+        rows.append(model.run(torch.tensor([[token]]), cache, cache.length).logits[0, -1])
         cache.length += 1
-    got = torch.stack(rows)
-    record(shape, got, expected)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    return torch.stack(rows)
+
+
+def test_cached_step_logits(pair, pair64) -> None:  # noqa: ANN001
+    shape, ours, theirs = pair
+    ours64, theirs64 = pair64
+    ids, n_prompt = prompt(3, 30), 11
+    assert_fp32_parity("target cached steps", shape, cached_step_logits(ours, ids, n_prompt),
+                       tf_cached_step_logits(theirs, ids, n_prompt), cached_step_logits(ours64, ids, n_prompt),
+                       tf_cached_step_logits(theirs64, ids, n_prompt), ours.config.num_layers)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -105,12 +120,7 @@ def test_bf16_runs_and_mostly_agrees(tmp_path: Path) -> None:
     assert float((a - b).abs().mean()) < 0.15 * float(a.abs().mean())  # 0.08 of the scale measured
 
 
-def test_report_max_diff() -> None:
-    """Runs last in this file: prints the largest logit difference per shape (for the closing note)."""
-    assert MAX_DIFF, "the parity tests did not run"
-    print("\nlargest |ours - transformers| logit difference:", {k: f"{v:.2e}" for k, v in MAX_DIFF.items()})
-    assert max(MAX_DIFF.values()) < 1e-4
-
-
-def test_stop_ids_constant() -> None:
-    assert STOP_IDS == [1, 106, 50]
+def test_stop_ids_are_read_from_the_written_checkpoint(checkpoint: tuple[str, Path]) -> None:
+    """The files the tests write list the IT releases' stop ids, and we read them as transformers does."""
+    _, path = checkpoint
+    assert stop_ids(path) == STOP_IDS == GenerationConfig.from_pretrained(path).eos_token_id

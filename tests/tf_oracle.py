@@ -1,6 +1,7 @@
 """`transformers` (TF 5.22.2) as the parity oracle: thin helpers that tests call on tiny checkpoints.
 
-Everything runs in float32, batch 1, eager attention, on CPU. Token ids go in and out as plain lists.
+Everything runs batch 1 on CPU, in float32 with eager attention, or as a float64 reference
+(`dtype=torch.float64`, see `_float64_throughout`). Token ids go in and out as plain lists.
 Speed: on a small, busy machine torch's default thread pool made TF's decode steps ~50x slower (a 16-token
 assisted run: 32 s vs 0.4 s); tests should call torch.set_num_threads(1) (e.g. in conftest.py).
 
@@ -34,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import MethodType
 
 import torch
 from torch import Tensor
@@ -46,31 +48,90 @@ from transformers import (
     PreTrainedModel,
 )
 from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm, Gemma4TextRotaryEmbedding, Gemma4TextRouter
 
 
 def _ids(ids: list[int]) -> Tensor:
     return torch.tensor([ids], dtype=torch.long)  # (1, T)
 
 
-def tf_target(path: str | Path) -> PreTrainedModel:
+def tf_target(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """The target as TF loads it: the multimodal class for model_type gemma4, else the bare text class."""
     model_type = AutoConfig.from_pretrained(path).model_type
     cls = Gemma4ForConditionalGeneration if model_type == "gemma4" else Gemma4ForCausalLM
-    # eager everywhere: plain matmuls with an fp32 softmax, and the per-expert loop for MoE (TF would
+    # eager in float32: plain matmuls with an fp32 softmax, and the per-expert loop for MoE (TF would
     # otherwise pick sdpa and grouped_mm): the most literal reading of the formulas.
-    return cls.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    model = cls.from_pretrained(
+        path, dtype=dtype, attn_implementation=_attention(dtype), experts_implementation="eager"
     ).eval()
+    return _float64_throughout(model) if dtype == torch.float64 else model
 
 
-def tf_assistant(path: str | Path) -> Gemma4AssistantForCausalLM:
-    return Gemma4AssistantForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+def tf_assistant(path: str | Path, dtype: torch.dtype = torch.float32) -> Gemma4AssistantForCausalLM:
+    model = Gemma4AssistantForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=_attention(dtype))
+    return _float64_throughout(model.eval()) if dtype == torch.float64 else model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# The float64 reference
+# ---------------------------------------------------------------------------------------------
+
+
+def _attention(dtype: torch.dtype) -> str:
+    # eager's softmax runs in fp32 whatever the dtype; sdpa keeps the query's dtype, float64 here.
+    return "sdpa" if dtype == torch.float64 else "eager"
+
+
+def _rms_norm_in_dtype(norm: Gemma4RMSNorm, x: Tensor) -> Tensor:
+    """Gemma4RMSNorm.forward without its cast of x to fp32."""
+    out = x * torch.pow(x.pow(2).mean(-1, keepdim=True) + norm.eps, -0.5)
+    return out * norm.weight if norm.with_scale else out
+
+
+def _router_in_dtype(router: Gemma4TextRouter, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Gemma4TextRouter.forward with its softmax in x's dtype, not fp32."""
+    scores = router.proj(router.norm(x) * router.scale * router.scalar_root_size)  # (N, X)
+    probs = torch.softmax(scores, dim=-1)
+    weights, experts = torch.topk(probs, k=router.config.top_k_experts, dim=-1)  # (N, k) each
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return probs, weights * router.per_expert_scale[experts], experts
+
+
+def _power_frequencies(rope: Gemma4TextRotaryEmbedding) -> None:
+    """TF and we both compute RoPE's angles, cos and sin in fp32 whatever the model's dtype, but TF's
+    frequencies are 1/θ^(2i/D) and ours θ^(-2i/D): 4 of the 24 test pairs differ in the last fp32 bit,
+    which alone moves float64 logits by up to 1e-5. A float64 run takes θ^(-2i/D), so that comparing
+    the two float64 runs sees the rest of the math exactly; the assertion limits the change to that
+    one rounding. The float32 oracle keeps TF's own table."""
+    for kind, params in rope.config.rope_parameters.items():
+        tf_freqs = getattr(rope, f"{kind}_inv_freq")  # (D/2,) fp32, 0 past the rotated pairs ("proportional")
+        d = 2 * tf_freqs.shape[0]
+        power = params["rope_theta"] ** -(torch.arange(0, d, 2, dtype=torch.float32) / d)  # (D/2,)
+        freqs = torch.where(tf_freqs != 0, power, 0.0)
+        torch.testing.assert_close(freqs, tf_freqs, rtol=torch.finfo(torch.float32).eps, atol=0)
+        setattr(rope, f"{kind}_inv_freq", freqs)
+
+
+def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
+    """A float64 model computed in float64. TF runs three steps in fp32 whatever the model's dtype:
+    every RMSNorm (`x.float()`), eager attention's softmax and the MoE router's softmax, which left
+    the float64 test logits up to 7e-5 off. This replaces those forwards on the model's own modules
+    (no class is patched) with the same formulas in the input's dtype (attention: sdpa, see
+    `_attention`), and takes our RoPE frequencies (`_power_frequencies`)."""
+    for module in model.modules():
+        if isinstance(module, Gemma4RMSNorm):
+            module.forward = MethodType(_rms_norm_in_dtype, module)
+        elif isinstance(module, Gemma4TextRouter):
+            module.forward = MethodType(_router_in_dtype, module)
+        elif isinstance(module, Gemma4TextRotaryEmbedding):
+            _power_frequencies(module)
+    return model
 
 
 @torch.no_grad()
 def tf_logits(model: PreTrainedModel, ids: list[int]) -> Tensor:
-    """Softcapped logits of a cache-free forward over `ids`: [T, V]."""
-    return model(input_ids=_ids(ids), use_cache=False).logits[0].float()
+    """Softcapped logits of a cache-free forward over `ids`: [T, V] in the model's dtype."""
+    return model(input_ids=_ids(ids), use_cache=False).logits[0]
 
 
 @torch.no_grad()
@@ -86,7 +147,7 @@ def tf_cached_step_logits(model: PreTrainedModel, ids: list[int], n_prompt: int)
         out = model(input_ids=_ids([token]), past_key_values=cache, use_cache=True)
         rows.append(out.logits[0, -1])
         cache = out.past_key_values
-    return torch.stack(rows).float()
+    return torch.stack(rows)
 
 
 def _greedy_config(max_new_tokens: int, stop_ids: list[int] | None) -> GenerationConfig:
@@ -212,7 +273,7 @@ def tf_target_outputs(model: PreTrainedModel, ids: list[int]) -> TargetOutputs:
     """A cache-free target forward over `ids`, with the hidden state and source-layer KV the drafter reads."""
     out = model(input_ids=_ids(ids), use_cache=False, output_hidden_states=True, return_shared_kv_states=True)
     # Cache-free, so the sliding source's KV covers every position too (the drafter applies its own window).
-    return TargetOutputs(out.logits[0].float(), out.hidden_states[-1][0], dict(out.shared_kv_states))
+    return TargetOutputs(out.logits[0], out.hidden_states[-1][0], dict(out.shared_kv_states))
 
 
 @dataclass
@@ -257,10 +318,10 @@ def tf_drafter_step(
     finally:
         hook.remove()
     normed = captured[0][0, 0]
-    logits = out.logits[0, 0].float()
+    logits = out.logits[0, 0]
     return DrafterStep(
         logits=logits,
-        dense_logits=(normed @ assistant.lm_head.weight.T).float(),
+        dense_logits=normed @ assistant.lm_head.weight.T,
         normed=normed,
         hidden=out.last_hidden_state[0, 0],
         token=int(logits.argmax()),
