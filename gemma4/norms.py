@@ -27,10 +27,8 @@ def eps_tensor(eps: float, dtype: torch.dtype, device: torch.device) -> torch.Te
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """gemma4/README.md §4: x * (mean(x²) + eps)^-1/2 in fp32, times the weight directly (not 1 + w), cast back.
 
-    Seven ATen calls; a demo decode step runs ~150 norms. Measured against the alternatives (torch 2.13, CPU):
-    `F.rms_norm` gives the same logits (within 7.3e-5 of transformers') but is a composite of 24 calls here:
-    6249 calls a demo step instead of 3621, 11% slower; mean(x²) as |x|²/n from one `vector_norm` call
-    saves two calls but moves e2b's logits 2.4e-4 from transformers' (limit 1e-4).
+    Seven ATen calls (`F.rms_norm` is a composite of 24 on the CPU); a decode step runs ~150 norms. The
+    alternatives measured: scripts/benchmark.md.
     """
     dtype = wide(x.dtype)
     xf = x if x.dtype == dtype else x.to(dtype)
