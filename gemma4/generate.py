@@ -14,7 +14,7 @@ import torch
 
 from gemma4.cache import KVCache
 from gemma4.model import Gemma4Model, ModelOutput
-from gemma4.sampling import TARGET, SamplerConfig, sample
+from gemma4.sampling import TOKEN_STREAM, SamplerConfig, sample
 
 # Chooses the token at absolute position n from the logits (1, V) of position n - 1.
 Chooser = Callable[[torch.Tensor, int], int]
@@ -62,7 +62,7 @@ def greedy_choice(logits: torch.Tensor, position: int) -> int:
 
 def sampler_choice(sampler: SamplerConfig) -> Chooser:
     def choose(logits: torch.Tensor, position: int) -> int:
-        return sample(logits, sampler, TARGET, [position])[0]
+        return sample(logits, sampler, TOKEN_STREAM, [position])[0]
     return choose
 
 

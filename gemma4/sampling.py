@@ -9,18 +9,18 @@ Facts a reader must know:
   (a token removed by top-k/top-p, or -inf like the centroid head's filler, is not one). With top-k
   set, only the tokens at or above the k-th logit are ever touched (a row of the real vocabulary is
   never sorted or soft-maxed whole) and top-p runs on those alone; with top-k 0, top-p adds up the mass
-  of value slices instead of sorting the row. `warp` scatters the candidates back into (N, V).
+  of value slices on the CPU instead of sorting the row, and sorts it on other devices (cheap there, and
+  the same sums in the same order every time). `warp` scatters the candidates back into (N, V).
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then
   sends every other token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as
   its limit, the argmax.
 - A token at absolute position n is `argmax_x p(x) / E_n(x)` over the candidates, E_n(x) ~ Exp(1) i.i.d.
   (the exponential form of the Gumbel-max trick): a draw from p. E_n(x) is a pure function of
-  (seed, stream, n, x): splitmix64 counter-based hashing, computed with int64 tensor ops on the logits'
-  device, for the candidates only (the 64 bits are the same on every device; -log u is the device's
-  float64 log). It never depends on which other tokens are candidates, on the global RNG, or on how
-  many numbers were drawn before. So a position's draw is the same in plain
-  decoding and in every speculative round that reaches it: that is what makes argmax-drafted
-  speculative sampling equal plain sampling token for token.
+  (seed, stream, n, x): splitmix64 counter-based hashing in int64 tensor ops on the logits' device, for
+  the candidates only (the bits are the same on every device). It never depends on the other candidates,
+  the global RNG, or how many numbers were drawn before: so a position's draw is the same in plain
+  decoding and in every speculative round that reaches it, and argmax-drafted speculative sampling
+  equals plain sampling token for token.
 - Temperature 0 means greedy: callers take the plain argmax path, untouched; nothing here is used.
 
 Shape legend: N rows (positions), V vocab, M candidates of one row.
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-# Independent keyed streams: the target's draws, the drafter's draws (`sample` drafting), the
+# Independent noise streams: the committed tokens' draws, the drafts' draws (`sample` drafting), the
 # acceptance uniforms (`sample` drafting). A position's numbers in one stream never depend on another's.
-TARGET, DRAFT, UNIFORM = 0, 1, 2
+TOKEN_STREAM, DRAFT_STREAM, ACCEPT_STREAM = 0, 1, 2
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2^64 / golden ratio, odd
 MIX = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 1))  # splitmix64's finaliser: (shift, multiplier)
@@ -90,14 +90,14 @@ def top_p_keep(z: torch.Tensor, top_p: float) -> torch.Tensor:
     """z (M,) scaled logits of candidates in ascending id order -> a mask (M,) of the ones top-p keeps.
 
     The rule as a stable ascending sort reads it: a token goes when the mass at or below it (equal
-    values: lower ids below) is <= 1 - top_p; sums in float64. A large set is never sorted: one pass
+    values: lower ids below) is <= 1 - top_p; sums in float64. On the CPU a large set is never sorted: one pass
     adds up the mass of BINS equal value slices; the slices above the one where the mass below
     passes 1 - top_p are kept whole, those under it removed whole, and only that slice is looked at
     again (slices never split equal values)."""
     p = z.softmax(dim=-1)  # (M,)
     pos, w, wp = None, z, p  # the undecided tokens: positions (None: all), values, probabilities
     below = 0.0  # mass of the tokens under them, all removed
-    while len(w) > SMALL:
+    while len(w) > SMALL and z.device.type == "cpu":  # elsewhere scatter_add_ sums in varying order: sort
         hi, lo = float(w.max()), max(float(w.min()), -UNDERFLOW)  # z <= 0: the maximum is 0
         if lo == hi:
             break  # all equal: the exact pass below orders them by id

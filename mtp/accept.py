@@ -12,7 +12,7 @@ Every draw is keyed by (seed, stream, position) alone (gemma4/sampling.py), neve
 
 import torch
 
-from gemma4.sampling import TARGET, UNIFORM, SamplerConfig, candidates, keyed_choice, keyed_uniform, sample
+from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, SamplerConfig, candidates, keyed_choice, keyed_uniform, sample
 
 
 def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int, q: torch.Tensor | None
@@ -28,7 +28,7 @@ def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | Non
 
 def first_token(logits: torch.Tensor, sampler: SamplerConfig | None, position: int) -> int:
     """The token at `position` from the prefill's last logits (1, V): chosen like every other committed token."""
-    return int(logits[0].argmax()) if sampler is None else sample(logits, sampler, TARGET, [position])[0]
+    return int(logits[0].argmax()) if sampler is None else sample(logits, sampler, TOKEN_STREAM, [position])[0]
 
 
 def cut_at_stop(block: list[int], stop_ids: list[int] | tuple[int, ...]) -> list[int]:
@@ -50,7 +50,7 @@ def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
 def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
     """Rows past the first mismatch are never warped or drawn: their tokens would be discarded."""
     for i in range(len(drafts) + 1):
-        g = sample(logits[i:i + 1], sampler, TARGET, [t + 1 + i])[0]
+        g = sample(logits[i:i + 1], sampler, TOKEN_STREAM, [t + 1 + i])[0]
         if i == len(drafts) or drafts[i] != g:
             return i, g
 
@@ -63,8 +63,8 @@ def accept_rejection(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, s
         position = t + 1 + i
         ids, p = candidates(logits[i], sampler)  # (M,) each
         p_d = p[ids == d].sum()  # p(d), 0 if d is not a candidate
-        if not keyed_uniform(sampler.seed, UNIFORM, position) * float(q[i, d]) < float(p_d):
+        if not keyed_uniform(sampler.seed, ACCEPT_STREAM, position) * float(q[i, d]) < float(p_d):
             residual = (p - q[i, ids]).clamp_(min=0)  # (M,) zero at d: rejected, so q(d) > p(d)
-            return i, keyed_choice(ids, residual, sampler.seed, TARGET, position)  # unnormalised: same argmax
+            return i, keyed_choice(ids, residual, sampler.seed, TOKEN_STREAM, position)  # unnormalised: same argmax
     bonus = len(drafts)  # the row after the last draft
-    return bonus, sample(logits[bonus:bonus + 1], sampler, TARGET, [t + 1 + bonus])[0]
+    return bonus, sample(logits[bonus:bonus + 1], sampler, TOKEN_STREAM, [t + 1 + bonus])[0]

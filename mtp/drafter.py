@@ -22,7 +22,7 @@ from torch import nn
 
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear
-from gemma4.sampling import DRAFT, SamplerConfig, keyed_sample, warp
+from gemma4.sampling import DRAFT_STREAM, SamplerConfig, keyed_sample, warp
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class Drafter(nn.Module):
         shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: SamplerConfig | None = None,
     ) -> tuple[list[int], torch.Tensor | None]:
         """k drafts as `draft`, greedy without a sampler. With one (`sample` drafting, §11), draft j is
-        drawn from the drafter's warped distribution q_j with the DRAFT stream keyed at its position
+        drawn from the drafter's warped distribution q_j with the DRAFT_STREAM noise keyed at its position
         t + j, and q (k, V) is returned too for the rejection test."""
         device = hidden.device
         inputs = self.layer_inputs(torch.arange(t, t + 1, device=device), t, hidden.dtype, first=t)
@@ -149,7 +149,7 @@ class Drafter(nn.Module):
                 ids = self.greedy_token(hn[:, 0])[:, None]  # (1, 1)
             else:
                 q = warp(self.logits(hn[:, 0], filler=float("-inf")), sampler)  # (1, V), filler at 0
-                ids = torch.full((1, 1), keyed_sample(q, sampler.seed, DRAFT, [t + j])[0], device=device)
+                ids = torch.full((1, 1), keyed_sample(q, sampler.seed, DRAFT_STREAM, [t + j])[0], device=device)
                 probs.append(q[0])
             drafted.append(ids)
         drafts = torch.cat(drafted, dim=1)[0].tolist() if drafted else []  # (k,)

@@ -36,13 +36,10 @@ DRAFTING = ("argmax", "sample")
 
 
 class Schedule(Protocol):
-    """What the loop asks of a draft-length schedule (mtp/schedule.py `DraftLength`: constant, heuristic, auto)."""
-
+    """What the loop asks of a draft-length schedule (mtp/schedule.py `DraftLength`): K for the next round, in
+    0..room (K = 0 is a plain decode step), then the round's outcome and what its two phases cost."""
     def start_call(self) -> None: ...
-
-    def next(self, room: int) -> int:  # K for the next round, 0..room
-        ...
-
+    def next(self, room: int) -> int: ...
     def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
 
 

@@ -20,10 +20,11 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+import gemma4.sampling
 from gemma4 import SamplerConfig, greedy_generate, sample_generate
 from gemma4.reference_warp import reference_warp
 from gemma4.sampling import (
-    GOLDEN, MASK64, TARGET, UNIFORM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
+    GOLDEN, MASK64, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
     keyed_uniform, sample, signed, stream_key, uniform_from_bits, warp,
 )
 from mtp import SCHEDULES, DraftLength, speculative_generate
@@ -150,7 +151,7 @@ def test_numeric_edges_never_give_nan(top_k: int, top_p: float) -> None:
         if temperature <= 1e-30:  # far below fp32's range: the limit, the argmax (its two ties share)
             expected = [0, 0, 0, 1, 0, 0] if top_p < 0.5 else [0, 0.5, 0, 0.5, 0, 0]  # top-p: the later tie
             assert probs[0].tolist() == expected
-            assert sample(x, cfg, TARGET, [7])[0] in (1, 3)
+            assert sample(x, cfg, TOKEN_STREAM, [7])[0] in (1, 3)
     assert kept([0.0, 5.0, 1.0], top_p=1e-9, top_k=0) == [1]
 
 
@@ -171,60 +172,77 @@ def test_sampler_config_is_validated(bad: dict, message: str) -> None:
 # ---------------------------------------------------------------- keyed noise
 
 
-def test_tensor_hash_is_splitmix64_on_python_ints() -> None:
-    """int64 wrap-around and the masked shifts give exactly the uint64 arithmetic, on any ids."""
+# The CPU always; a GPU where there is one: the same bits on every device.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensor_hash_is_splitmix64_on_python_ints(device: str) -> None:
+    """int64 wrap-around and the masked shifts give exactly the uint64 arithmetic, on any ids and device."""
     ids = torch.cat([torch.arange(300), torch.randint(0, 1 << 62, (300,), generator=torch.Generator().manual_seed(1))])
-    for seed, stream, position in ((0, TARGET, 0), (12345, UNIFORM, 999_999), ((1 << 63) - 1, TARGET, 7)):
+    for seed, stream, position in ((0, TOKEN_STREAM, 0), (12345, ACCEPT_STREAM, 999_999), ((1 << 63) - 1, TOKEN_STREAM, 7)):
         key = stream_key(seed, stream, position)
         expected = [signed(finalise((key + (x + 1) * GOLDEN) & MASK64)) for x in ids.tolist()]
-        assert keyed_bits(seed, stream, position, ids).tolist() == expected
+        assert keyed_bits(seed, stream, position, ids.to(device)).tolist() == expected
     # uniforms in (0, 1]: all-zero bits give the smallest, all-one bits exactly 1; never 0
     u = uniform_from_bits(torch.tensor([0, -1, 1 << 11, signed(MASK64 ^ 0x7FF)]))  # 1 << 11: the lowest bit kept
     assert u.tolist() == [2.0**-53, 1.0, 2 * 2.0**-53, 1.0]
-    bits = keyed_bits(3, UNIFORM, 11, torch.tensor([0]))
-    assert keyed_uniform(3, UNIFORM, 11) == float(uniform_from_bits(bits)[0])  # the same bits, on the CPU in Python
+    bits = keyed_bits(3, ACCEPT_STREAM, 11, torch.tensor([0]))
+    assert keyed_uniform(3, ACCEPT_STREAM, 11) == float(uniform_from_bits(bits)[0])  # the same bits, on the CPU in Python
+
+
+def test_top_p_by_sorting_equals_top_p_by_value_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off the CPU top-p sorts the whole set (the same sums in the same order on every run); on the CPU it cuts
+    value slices first. Both keep the same tokens: the sort path forced on the CPU, against the slices."""
+    logits = rows(262_144 // 8, 6, seed=9)
+    cfgs = [SamplerConfig(temperature=t, top_k=0, top_p=p) for t in (0.7, 1.0) for p in (0.5, 0.9, 0.99)]
+    sliced = [candidates(x, cfg) for cfg in cfgs for x in logits]
+    monkeypatch.setattr(gemma4.sampling, "SMALL", 1 << 40)  # every set is "small": the sorted pass alone
+    for (ids, probs), (cfg, x) in zip(sliced, [(cfg, x) for cfg in cfgs for x in logits]):
+        sorted_ids, sorted_probs = candidates(x, cfg)
+        assert torch.equal(ids, sorted_ids) and torch.equal(probs, sorted_probs)
 
 
 def test_a_tokens_noise_does_not_depend_on_the_other_candidates() -> None:
-    full = exponential_noise(5, TARGET, 42, torch.arange(4096))  # (V,)
+    full = exponential_noise(5, TOKEN_STREAM, 42, torch.arange(4096))  # (V,)
     some = torch.tensor([7, 100, 4095, 2048])
-    assert torch.equal(exponential_noise(5, TARGET, 42, some), full[some])
+    assert torch.equal(exponential_noise(5, TOKEN_STREAM, 42, some), full[some])
     assert (full > 0).all() and full.dtype == torch.float64
     # so a draw from warped logits equals the draw over the whole vocabulary, and the dense form's
     logits = rows(4096, 4, seed=3)
     for cfg in (SamplerConfig(top_k=64, top_p=0.95), SamplerConfig(top_k=0), SamplerConfig(top_k=0, top_p=0.9)):
         probs = reference_warp(logits, cfg)
         positions = [10, 11, 12, 13]
-        everywhere = [int((probs[i].double() / exponential_noise(0, TARGET, n, torch.arange(4096))).argmax())
+        everywhere = [int((probs[i].double() / exponential_noise(0, TOKEN_STREAM, n, torch.arange(4096))).argmax())
                       for i, n in enumerate(positions)]
-        dense = keyed_sample(warp(logits, cfg), 0, TARGET, positions)
-        assert sample(logits, cfg, TARGET, positions) == everywhere == dense
+        dense = keyed_sample(warp(logits, cfg), 0, TOKEN_STREAM, positions)
+        assert sample(logits, cfg, TOKEN_STREAM, positions) == everywhere == dense
 
 
 def test_an_exact_tie_goes_to_the_lowest_id() -> None:
     ids = torch.tensor([3, 8, 9])
-    noise = exponential_noise(0, TARGET, 0, ids)  # weights equal to the noise: every score is exactly 1
-    assert keyed_choice(ids, noise, 0, TARGET, 0) == 3
-    assert keyed_choice(ids, noise * torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64), 0, TARGET, 0) == 8
+    noise = exponential_noise(0, TOKEN_STREAM, 0, ids)  # weights equal to the noise: every score is exactly 1
+    assert keyed_choice(ids, noise, 0, TOKEN_STREAM, 0) == 3
+    assert keyed_choice(ids, noise * torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64), 0, TOKEN_STREAM, 0) == 8
 
 
 def test_keyed_draws_depend_on_seed_and_position_only() -> None:
     probs = torch.full((1, 50), 1 / 50)
-    draw = lambda seed, n: keyed_sample(probs, seed, TARGET, [n])[0]  # noqa: E731
+    draw = lambda seed, n: keyed_sample(probs, seed, TOKEN_STREAM, [n])[0]  # noqa: E731
     state = torch.get_rng_state()
     first = [draw(0, n) for n in range(40)]
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG is untouched
     torch.manual_seed(123)  # and moving it changes nothing
     assert [draw(0, n) for n in reversed(range(40))] == first[::-1]  # order of the calls does not matter
     assert [draw(1, n) for n in range(40)] != first
-    rows = keyed_sample(probs.expand(40, 50), 0, TARGET, list(range(40)))  # one call, 40 rows
+    rows = keyed_sample(probs.expand(40, 50), 0, TOKEN_STREAM, list(range(40)))  # one call, 40 rows
     assert rows == first
 
 
 def test_keyed_draws_follow_the_distribution() -> None:
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]])
     n = 4000
-    counts = torch.bincount(torch.tensor(keyed_sample(p.expand(n, 5), 5, TARGET, list(range(n)))), minlength=5)
+    counts = torch.bincount(torch.tensor(keyed_sample(p.expand(n, 5), 5, TOKEN_STREAM, list(range(n)))), minlength=5)
     assert counts[4] == 0  # p = 0 never wins
     expected = p[0, :4] * n
     chi2 = float(((counts[:4] - expected) ** 2 / expected).sum())

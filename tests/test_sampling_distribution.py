@@ -32,7 +32,7 @@ import torch
 
 import mtp.accept as rules
 from gemma4 import SamplerConfig, load_target
-from gemma4.sampling import TARGET, UNIFORM, keyed_sample, keyed_uniform, sample, warp
+from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, keyed_sample, keyed_uniform, sample, warp
 from mtp import DraftLength, load_drafter, speculative_generate
 from tests.checkpoints import write_assistant, write_target
 from tests.pairs import prompt
@@ -100,7 +100,7 @@ def keyed_transformers(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
 def keyed_wrong_bonus(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     a, token = CORRECT_KEYED(drafts, logits, sampler, t)
     if a == len(drafts) > 0:  # all kept: the bonus from the last draft's row, not from the row after it
-        token = keyed_sample(warp(logits[a - 1:a], sampler), sampler.seed, TARGET, [t + 1 + a])[0]
+        token = keyed_sample(warp(logits[a - 1:a], sampler), sampler.seed, TOKEN_STREAM, [t + 1 + a])[0]
     return a, token
 
 
@@ -108,9 +108,9 @@ def keyed_no_zeroing(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     """Keep d with probability p(d), else a fresh draw from p, which can be d again."""
     p = warp(logits, sampler)
     for i, d in enumerate(drafts):
-        if not keyed_uniform(sampler.seed, UNIFORM, t + 1 + i) < float(p[i, d]):
-            return i, keyed_sample(p[i:i + 1], sampler.seed, TARGET, [t + 1 + i])[0]
-    return len(drafts), keyed_sample(p[-1:], sampler.seed, TARGET, [t + 1 + len(drafts)])[0]
+        if not keyed_uniform(sampler.seed, ACCEPT_STREAM, t + 1 + i) < float(p[i, d]):
+            return i, keyed_sample(p[i:i + 1], sampler.seed, TOKEN_STREAM, [t + 1 + i])[0]
+    return len(drafts), keyed_sample(p[-1:], sampler.seed, TOKEN_STREAM, [t + 1 + len(drafts)])[0]
 
 
 def rejection_transformers(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
@@ -196,7 +196,7 @@ def test_keyed_draws_with_every_token_a_candidate(top_p: float, pair) -> None:  
     probs = warp(logits, cfg)[0]  # (V,)
     assert int((probs > 0).sum()) > (100 if top_p < 1 else logits.shape[-1] - 1)  # many candidates
     law = {(x,): float(probs[x]) for x in probs.nonzero().flatten().tolist()}
-    draws = [tuple(sample(logits, cfg, TARGET, [n])) for n in range(DRAWS)]
+    draws = [tuple(sample(logits, cfg, TOKEN_STREAM, [n])) for n in range(DRAWS)]
     chi2, threshold = chi_square(law, draws)
     STATS[f"keyed draws, top-k 0, top-p {top_p:g}"] = (chi2, threshold, math.nan)
     assert chi2 < threshold, (top_p, chi2, threshold)

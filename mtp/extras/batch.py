@@ -25,7 +25,7 @@ import torch
 
 from gemma4.extras.batch import PAD, check_prompts, new_cache, per_row, prefill_rows
 from gemma4.model import Gemma4Model
-from gemma4.sampling import DRAFT, SamplerConfig, keyed_sample, warp
+from gemma4.sampling import DRAFT_STREAM, SamplerConfig, keyed_sample, warp
 from mtp.accept import accept, cut_at_stop, first_token
 from mtp.drafter import Drafter
 from mtp.schedule import DraftLength
@@ -41,7 +41,7 @@ def draft_rows(
     and the target's K/V (B, K, max t, D) -> drafts (B, k) and q (B, k, V) or None. Row b's query
     stays at t_b (§4) and sees its keys 0..t_b-1 only: the mask helper hides the stale slots of
     shorter rows. Greedy drafts without samplers; with one per row (`sample` drafting), row b's draft
-    j is drawn from its warped q with its seed, the DRAFT stream keyed at t_b + j, as propose draws it."""
+    j is drawn from its warped q with its seed, the DRAFT_STREAM noise keyed at t_b + j, as propose draws it."""
     inputs = drafter.layer_inputs(t[:, None], int(t.max()), hidden.dtype)  # masks (B, 1, 1, S), RoPE (B, 1, 1, D)
     h, token = hidden[:, None], tokens[:, None]  # (B, 1, E), (B, 1)
     positions = t.tolist()
@@ -53,7 +53,7 @@ def draft_rows(
         else:
             logits = drafter.logits(hn[:, 0], filler=float("-inf"))  # (B, V), the centroid filler at 0
             q = torch.cat([warp(logits[b:b + 1], s) for b, s in enumerate(samplers)])  # (B, V)
-            token = torch.tensor([keyed_sample(q[b:b + 1], s.seed, DRAFT, [n + j])[0]
+            token = torch.tensor([keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])[0]
                                   for b, (s, n) in enumerate(zip(samplers, positions))], device=t.device)[:, None]
             probs.append(q)
         drafts.append(token)

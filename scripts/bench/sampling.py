@@ -22,7 +22,7 @@ import torch
 
 from bench.random_pair import random_prompt, write_pair
 from gemma4 import greedy_generate, load_target, sample_generate
-from gemma4.sampling import MASK64, TARGET, SamplerConfig, sample
+from gemma4.sampling import MASK64, TOKEN_STREAM, SamplerConfig, sample
 from mtp import DraftLength, load_drafter, speculative_generate
 
 VOCABS = (4096, 262144)
@@ -66,7 +66,7 @@ def row_costs(reps: int, interleaved: Interleaved) -> dict[str, Any]:
         logits = torch.randn(1, v, generator=torch.Generator().manual_seed(v)) * 3  # (1, V)
         for name, (top_k, top_p) in SETTINGS.items():
             cfg = SamplerConfig(1.0, top_k, top_p)
-            runs = {"new": lambda cfg=cfg: [sample(logits, cfg, TARGET, [n]) for n in range(CALLS)],
+            runs = {"new": lambda cfg=cfg: [sample(logits, cfg, TOKEN_STREAM, [n]) for n in range(CALLS)],
                     "old": lambda cfg=cfg: [previous_sample(logits, cfg, n) for n in range(CALLS)]}
             s, _ = interleaved(runs, reps, runs)
             out[f"V={v}, {name}"] = {
@@ -99,7 +99,7 @@ def decode_costs(pair_root: Path, configs: tuple[dict, dict], tokens: int, reps:
     # decode ratios above move by more than this difference, which bounds what sampling can cost.
     with torch.inference_mode():
         logits = target.run(torch.tensor([prompt]), num_logits=1).logits[0]  # (1, V) in the model's dtype
-    choice, _ = interleaved({"sampled": lambda: [sample(logits, GEMMA, TARGET, [n]) for n in range(CALLS)],
+    choice, _ = interleaved({"sampled": lambda: [sample(logits, GEMMA, TOKEN_STREAM, [n]) for n in range(CALLS)],
                              "greedy": lambda: [int(logits[0].argmax()) for _ in range(CALLS)]}, 9, {})
     extra = (statistics.median(choice["sampled"]) - statistics.median(choice["greedy"])) / CALLS  # s per token
     step = statistics.median(s["plain_greedy"]) / tokens
