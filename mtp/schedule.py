@@ -17,7 +17,10 @@ Estimates (`auto`):
 - α_j: an exponentially weighted mean with weight WEIGHT = 0.1 per observation, so the last ~10
   observations carry 65% of it (text changes from prose to code within tens of tokens), with a
   standard error of about 0.11 at α = 0.5. Draft j of a round is tested iff drafts 1..j-1 were kept
-  (j ≤ min(a + 1, k)); only tested drafts update α_j. Prior: ALPHA_PRIOR = 0.5, neither side favoured.
+  (j ≤ min(a + 1, k)); only tested drafts update α_j. Prior: ALPHA_PRIOR = 0.5, neither side favoured,
+  counted as one observation: until 1/WEIGHT observations the estimate is the plain mean of the prior and
+  them, so a new drafter's first rounds move it at once. A position never tested is taken to be as likely
+  as the one before it (acceptance falls with depth: the hopeful guess, so deeper drafts get tried).
 - c_draft = draft_seconds / k and c_verify(n) for n = k + 1 rows: the same weight, the first
   measurement replacing the prior. An unseen n is read off the least-squares line through the seen
   ones (slope ≥ 0), kept between the bounds that hold for real kernels: more rows never cost less,
@@ -134,8 +137,11 @@ class DraftLength:
         self.rounds += 1
         if self.acceptance is None:
             for j in range(min(accepted + 1, k)):  # drafts 1..a kept, draft a+1 (if any) rejected
-                self.alpha[j] += WEIGHT * (float(j < accepted) - self.alpha[j])
                 self.tested[j] += 1
+                # The mean of the prior and the first observations, then the running mean: a new estimate
+                # moves at once, a settled one by WEIGHT.
+                weight = max(WEIGHT, 1.0 / (self.tested[j] + 1))
+                self.alpha[j] += weight * (float(j < accepted) - self.alpha[j])
         if self.draft_cost is None and k > 0:
             self.draft_s = ewma(self.draft_s, draft_seconds / k)
         if self.costs is None:
@@ -155,9 +161,12 @@ class DraftLength:
         """argmax over K in 0..top of E(K) / time(K); ties go to the smaller K (fewer wasted drafts)."""
         draft = self.draft_step()
         best_k, best_rate = 0, 1.0 / max(self.verify(1), 1e-12)  # a zero-time verify would divide by 0
-        expected, kept = 1.0, 1.0  # E(K) and Π_{i≤K} α_i
+        expected, kept, alpha = 1.0, 1.0, ALPHA_PRIOR  # E(K), Π_{i≤K} α_i, α_K
         for k in range(1, top + 1):
-            kept *= self.alpha[k - 1]
+            # A position never tested is taken as likely as the one before it: acceptance falls with depth,
+            # so this is the hopeful guess, and it gets deeper drafts tried; a wrong one costs a round.
+            alpha = self.alpha[k - 1] if self.tested[k - 1] or self.acceptance is not None or k == 1 else alpha
+            kept *= alpha
             expected += kept
             rate = expected / max(k * draft + self.verify(k + 1), 1e-12)
             if rate > best_rate:

@@ -222,3 +222,26 @@ def test_statistics_of_a_drafter_always_right(models) -> None:  # noqa: ANN001
     assert (s.emitted, s.drafted, s.accepted, s.target_forwards) == (18, 12, 12, 6)
     assert (s.drafted_at, s.accepted_at, s.per_position_acceptance) == ([4, 4, 4], [4, 4, 4], [1.0, 1.0, 1.0])
     assert (s.acceptance_rate, s.tokens_per_forward) == (1.0, 3.0)
+
+
+def test_auto_stops_drafting_for_a_drafter_that_is_never_right(models) -> None:  # noqa: ANN001
+    """With a verify costing 1 + 0.1 per extra row and a draft step 0.3 (fixed, so the run is the same on every
+    machine), auto reaches K = 0 within 4 rounds of a drafter that is never right, still commits plain
+    greedy's tokens, and only probes afterwards (one round in 16)."""
+    target, draft_model = models["dense", "random"]
+    length = DraftLength(4, "auto", costs=lambda n: 1.0 + 0.1 * (n - 1), draft_cost=0.3)
+    result = speculative_generate(target, draft_model, prompt("long"), 40, length)
+    assert result.tokens == plain(target, "long", 40)
+    ks = [len(r.drafted) for r in result.stats.rounds]
+    first_zero = ks.index(0)
+    assert first_zero < 4 and result.stats.accepted == 0
+    assert sum(k > 0 for k in ks[first_zero:]) <= len(ks[first_zero:]) // 16 + 1  # probes only
+
+
+def test_auto_drafts_long_for_a_drafter_that_is_always_right(models) -> None:  # noqa: ANN001
+    target, draft_model = models["dense", "always"]
+    length = DraftLength(2, "auto", costs=lambda n: 1.0 + 0.1 * (n - 1), draft_cost=0.1)
+    result = speculative_generate(target, draft_model, prompt("long"), 80, length)
+    assert result.tokens == plain(target, "long", 80)
+    ks = [len(r.drafted) for r in result.stats.rounds]
+    assert ks[:3] == [2, 3, 4] and max(ks) >= 7  # an untested position is taken as likely as the last: one deeper
