@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from bench.batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section
+from bench.schedule import schedule_goals, schedule_lines, schedule_section
 from bench.memory import decode_bytes, memory_section
 from bench.random_pair import bench_configs, e2b_configs, random_prompt, text_prompt, write_pair
 from bench.report import goals, table
@@ -67,7 +68,7 @@ from gemma4.fast.apply import groups
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate
 from mtp.speculative import target_kv
 
-SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling")
+SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling", "schedule")
 DEMO = Path(__file__).resolve().parent / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -353,7 +354,12 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
         pair_root = e2b_dir / ("bfloat16-full" if sampling_vocab == FULL_VOCAB else f"bfloat16-v{sampling_vocab}")
         result["sampling"] = sampling_section(pair_root, e2b_configs(sampling_vocab), e2b_tokens, e2b_reps, reps,
                                               interleaved)
-    result["goals"] = goals(result) + batch_goal(result) + sampling_goals(result)
+    if "schedule" in sections and (target_dir / "config.json").is_file():  # scripts/bench/schedule.py
+        say("schedule: plain, constant K = 1..8, heuristic and auto, on the demo pair and a random drafter")
+        result["schedule"] = schedule_section(target_dir, assistant_dir, e2b_dir / "random_assistant",
+                                              text_prompt(target_dir, DEMO_PROMPT, 24), tokens, max(reps, 3),
+                                              k or assistant_k(assistant_dir), interleaved)
+    result["goals"] = goals(result) + batch_goal(result) + sampling_goals(result) + schedule_goals(result)
     return result
 
 
@@ -391,4 +397,5 @@ if __name__ == "__main__":
     out = main(sections=only, target_dir=a.target, assistant_dir=a.assistant, tokens=a.tokens, e2b_tokens=a.e2b_tokens,
                reps=a.reps, e2b_reps=a.e2b_reps, k=a.k, e2b_dir=a.e2b_dir, threads=a.threads, copy_mib=a.copy_mib,
                use_transformers=not a.no_transformers, sampling_vocab=a.sampling_vocab)
-    print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out))
+    print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out)
+          + "\n".join(schedule_lines(out.get("schedule"))))

@@ -1,0 +1,98 @@
+"""scripts/benchmark.py's `schedule` section: the draft length's schedules against plain decoding.
+
+On the demo pair and on a *random* pair (the demo target with a drafter of the demo's shapes and random
+weights, which is never right), one process decodes the same prompt plainly, at constant K = 1..8, with the
+heuristic schedule and with `auto`, timed in turns (benchmark.interleaved), tokens/s from the median of the
+repetitions. Each schedule object lives across the repetitions, as one kept per drafter does (`auto` and the
+heuristic carry what they learned from one call to the next). It reports what `auto` chose (its K histogram
+and estimates at the end), and the two ratios the schedule is judged by: auto against the best constant K of
+{2, 4, 6} on the demo, and auto against plain decoding on the random pair.
+"""
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from gemma4 import greedy_generate, load_target
+from mtp import DraftLength, load_drafter, speculative_generate
+
+CONSTANT = range(1, 9)
+
+
+def random_assistant(assistant_dir: Path, out: Path, seed: int = 0) -> Path:
+    """The demo assistant's config and shapes with random weights of each tensor's own scale: a drafter that
+    belongs to the demo target and is (almost) never right. Its token ordering stays a permutation."""
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    for file in assistant_dir.iterdir():
+        if file.suffix == ".safetensors":
+            tensors = load_file(file)
+            save_file({name: (torch.randn(t.shape, generator=g) * t.float().std()).to(t.dtype)
+                       if t.is_floating_point() and t.numel() > 1 else t for name, t in tensors.items()},
+                      out / file.name, metadata={"format": "pt"})
+        elif file.is_file():
+            (out / file.name).write_bytes(file.read_bytes())
+    return out
+
+
+def schedule_section(target_dir: Path, assistant_dir: Path, random_dir: Path, prompt: list[int], tokens: int,
+                     reps: int, k: int, interleaved: Callable) -> dict[str, Any]:
+    target = load_target(target_dir)
+    out: dict[str, Any] = {"tokens": tokens, "reps": reps, "k": k}
+    for pair, drafter in (("demo", load_drafter(assistant_dir)), ("random", load_drafter(random_assistant(
+            assistant_dir, random_dir)))):
+        lengths = {f"K={n}": DraftLength(n) for n in CONSTANT}
+        lengths |= {"heuristic": DraftLength(k, "heuristic"), "auto": DraftLength(k, "auto", max_k=max(8, k))}
+        last: dict[str, Any] = {}
+
+        def spec(name: str) -> list[int]:
+            last[name] = speculative_generate(target, drafter, prompt, tokens, lengths[name])
+            return last[name].tokens
+
+        runs = {"plain": lambda: greedy_generate(target, prompt, tokens)}
+        runs |= {name: lambda name=name: spec(name) for name in lengths}
+        seconds, outputs = interleaved(runs, reps, warm_up=runs)
+        rate = {name: tokens / statistics.median(s) for name, s in seconds.items()}
+        best = max((f"K={n}" for n in (2, 4, 6)), key=rate.get)
+        auto = last["auto"].stats
+        out[pair] = {
+            "tokens_per_s": rate,
+            "identical": all(o == outputs["plain"][0] for runs_ in outputs.values() for o in runs_),
+            "best_constant_of_2_4_6": best,
+            "auto_over_best_constant": rate["auto"] / rate[best],
+            "auto_over_plain": rate["auto"] / rate["plain"],
+            "auto_k_histogram": {str(n): c for n, c in auto.k_histogram.items()},
+            "auto_seconds_at_k0": auto.seconds_at_zero,
+            "auto_estimates": lengths["auto"].estimates(),
+        }
+    return out
+
+
+def schedule_lines(r: dict[str, Any] | None) -> list[str]:
+    if not r:
+        return []
+    lines = ["", f"== schedule: {r['tokens']} tokens, median of {r['reps']}, tokens/s (demo pair; random drafter)"]
+    names = list(r["demo"]["tokens_per_s"])
+    for name in names:
+        lines.append(f"   {name:<12}{r['demo']['tokens_per_s'][name]:>10.1f}{r['random']['tokens_per_s'][name]:>10.1f}")
+    for pair in ("demo", "random"):
+        p = r[pair]
+        hist = "  ".join(f"K={n}: {c}" for n, c in p["auto_k_histogram"].items())
+        lines.append(f"   {pair}: auto / best constant ({p['best_constant_of_2_4_6']}) {p['auto_over_best_constant']:.2f}x, "
+                     f"auto / plain {p['auto_over_plain']:.2f}x; auto's last run: {hist}; identical tokens "
+                     f"{'yes' if p['identical'] else 'NO'}")
+    return lines
+
+
+def schedule_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
+    r = result.get("schedule")
+    if not r:
+        return []
+    return [{"goal": "schedule: demo, auto / best constant K of 2, 4, 6", "value": r["demo"]["auto_over_best_constant"],
+             "limit": 0.95, "at_least": True, "met": r["demo"]["auto_over_best_constant"] >= 0.95},
+            {"goal": "schedule: random drafter, auto / plain", "value": r["random"]["auto_over_plain"],
+             "limit": 0.95, "at_least": True, "met": r["random"]["auto_over_plain"] >= 0.95}]
