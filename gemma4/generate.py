@@ -51,7 +51,7 @@ def prefill(model: Gemma4Model, prompt: list[int], max_new_tokens: int, cache: K
     if not 0 <= reuse < len(prompt):  # the newest prompt token must run: its logits choose the first new one
         raise ValueError(f"reuse must be in 0..{len(prompt) - 1}, got {reuse}")
     cache.length = reuse
-    out = model.run(torch.tensor([prompt[reuse:]], device=device), cache, start_pos=reuse, num_logits=1)  # (1, T)
+    out = model.run(torch.tensor([prompt[reuse:]]), cache, start_pos=reuse, num_logits=1)  # (1, T) host ids
     cache.length = len(prompt)
     return cache, out
 
@@ -75,7 +75,6 @@ def decode(
     """The plain cached loop: prefill, then one forward per token; `choose` picks each token.
     `cache`, `reuse`: a cache already holding prompt[:reuse] (see `prefill`)."""
     check_prompt(model, prompt, max_new_tokens)
-    device = model.embed_tokens.weight.device
     context = model.config.max_position_embeddings
     cache, out = prefill(model, prompt, max_new_tokens, cache, reuse)
     new: list[int] = []
@@ -86,7 +85,7 @@ def decode(
             on_token(token)
         if token in stop_ids or len(new) == max_new_tokens or len(prompt) + len(new) >= context:
             return new
-        out = model.run(torch.tensor([[token]], device=device), cache, start_pos=cache.length)
+        out = model.run(torch.tensor([[token]]), cache, start_pos=cache.length)  # the token from the host
         cache.length += 1
 
 

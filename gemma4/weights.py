@@ -9,9 +9,10 @@ Facts a reader must know (gemma4/README.md §17):
   (`assign=True`), so peak memory stays near the size of the text weights. safetensors hands out
   views of the memory-mapped file: a tensor already in the requested dtype is not even copied, its
   pages are read from the file (or the page cache) when first used.
-- The PLE table (E2B: 262144 x 8960, the largest tensor) is only ever read a row per token. On the CPU
-  it keeps the file's dtype and stays memory-mapped; rows are cast when looked up (a cast commutes with
-  a row lookup, so the numbers are the same). A bfloat16 E2B run in float32 so skips a 9.4 GB copy.
+- The PLE table (E2B: 262144 x 8960, the largest tensor) is only ever read a row per token. It keeps the
+  file's dtype and stays in host memory (memory-mapped; pinned for a GPU, which gets only the rows of each
+  step); rows are cast when looked up (a cast commutes with a row lookup, so the numbers are the same). A
+  bfloat16 E2B run in float32 so skips a 9.4 GB copy, and a GPU holds none of its 4.7 GB.
 - Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
 - The loaders then apply the speed layer (gemma4/fast/, `fast=True` by default): q/k/v and gate/up stacked,
   and on the CPU a packed copy where timing it on this machine says so. `fast=False` keeps the textbook
@@ -177,13 +178,15 @@ def _read(handle, file: Path, name: str) -> torch.Tensor:  # noqa: ANN001 (safet
 def read_state_dict(
     model_dir: Path, table: dict[str, tuple[int, ...]], prefix: str, ignored: set[str],
     owned: Callable[[str], bool], dtype: torch.dtype, device: torch.device | str,
-    keep_dtype: frozenset[str] = frozenset(),
+    host_keys: frozenset[str] = frozenset(),
 ) -> dict[str, torch.Tensor]:
     """Every `prefix + key` of `table`, checked for shape and cast to dtype (floating tensors only).
 
     `owned(name)` says which file tensors belong to this model: the others (vision, audio) are
     never read. An owned tensor that is neither in the table nor ignored is an error. Keys in
-    `keep_dtype` keep the file's dtype (and, on the CPU, stay views of the memory-mapped file).
+    `host_keys` keep the file's dtype and stay in host memory: views of the memory-mapped file, or pinned
+    copies for a model on a GPU (a step moves only the rows it reads). Elsewhere each tensor moves to the
+    device in the file's dtype and is cast there, one at a time.
     """
     index = checkpoint_index(model_dir)
     missing = [prefix + k for k in table if prefix + k not in index]
@@ -205,13 +208,16 @@ def read_state_dict(
             if shape != table[key]:
                 raise CheckpointError(f"tensor {name} has shape {list(shape)}, the config implies {list(table[key])}")
             tensor = _read(handle, file, name)  # a view of the mapped file: no byte is read yet
-            wanted = dtype if tensor.is_floating_point() and key not in keep_dtype else tensor.dtype
+            if key in host_keys:
+                state[key] = tensor.pin_memory() if torch.device(device).type == "cuda" else tensor
+                continue
+            wanted = dtype if tensor.is_floating_point() else tensor.dtype
             if wanted != tensor.dtype:
                 # Pages a cast reads stay resident as long as their mapping lives: read them through a
                 # mapping of their own, gone with the cast, not through `handle`, which lives on in the
                 # tensors kept as views.
                 tensor = _read(_open(file), file, name)
-            state[key] = tensor.to(device=device, dtype=wanted)
+            state[key] = tensor.to(device=device).to(dtype=wanted)
     return state
 
 
@@ -245,9 +251,8 @@ def load_target(
         return name.startswith(prefix) and not name.startswith(("model.vision_tower.", "model.embed_vision.",
                                                                 "model.audio_tower.", "model.embed_audio."))
 
-    on_cpu = torch.device(device).type == "cpu"  # elsewhere the table is copied to the device anyway
-    keep = frozenset({"embed_tokens_per_layer.weight"} if on_cpu else ())
-    state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device, keep)
+    host = frozenset({"embed_tokens_per_layer.weight"})  # E2B: 262144 x 8960; a step reads one row of it
+    state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device, host)
     with torch.device("meta"):
         model = Gemma4Model(config)
     model.load_state_dict(state, strict=True, assign=True)

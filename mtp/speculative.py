@@ -58,7 +58,6 @@ def speculative_generate(
     if sampler is not None and sampler.greedy:
         sampler = None  # temperature 0 is the greedy loop itself
     draft_sampler = sampler if drafting == "sample" else None  # None: the drafter proposes its argmax
-    device = target.embed_tokens.weight.device
     context = target.config.max_position_embeddings
     stats = SpecStats()
     draft_length.start_call()
@@ -87,7 +86,7 @@ def speculative_generate(
         drafted = time.perf_counter()
 
         # 3. Verify [seq[t], d_1..d_K] at positions t..t+K in one target forward.
-        out = target.run(torch.tensor([[seq[t]] + drafts], device=device), cache, start_pos=t)
+        out = target.run(torch.tensor([[seq[t]] + drafts]), cache, start_pos=t)
         stats.target_forwards += 1
 
         # 4. Accept a prefix of the drafts: greedy token equality, or the sampling rules (mtp/accept.py).

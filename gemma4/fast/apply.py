@@ -65,9 +65,13 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None, pack
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
     for name, keys in todo:
         parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
-        stored = [read(key, False) for key in keys]  # through mappings of their own
+        # On the CPU, the file's tensors through mappings of their own (see above); on a GPU, the parameters
+        # already there: nothing is read or uploaded twice.
+        on_cpu = parts[0].device.type == "cpu"
+        stored = [read(key, False) for key in keys] if on_cpu else list(parts)
         cast = stored[0].dtype != parts[0].dtype
-        values = torch.cat([t.to(parts[0].device, parts[0].dtype) for t in stored])  # (O1 + O2 + .., I)
+        stored = [t.to(parts[0].device, parts[0].dtype) for t in stored]  # no copy where they already are
+        values = torch.cat(stored) if len(stored) > 1 else stored[0]  # (O1 + O2 + .., I)
         del stored
         is_head = head is not None and name == head[0]
         blocked, signature = None, (tuple(values.shape), values.dtype)
@@ -78,7 +82,7 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None, pack
                 choices[signature] = forced(values, pack)
         choice = choices[signature]
         if choice.packed:
-            if cast and not is_head:
+            if cast and not is_head and on_cpu:
                 for key in keys:  # the file's view in its own dtype, nothing read yet
                     _replace_parameter(model, key, read(key, True))
             product = Product(values, True, blocked, choice=choice)
