@@ -38,7 +38,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
     from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer
-    from mtp import ContextFull, Conversation, Reply
+    from mtp import ContextFull, Conversation, DraftLength, Reply
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message
@@ -81,14 +81,15 @@ class Lines:
 
 # ---------------------------------------------------------------- output
 
-def reply_json(reply: Reply) -> dict:
+def reply_json(reply: Reply, draft_length: DraftLength | None = None) -> dict:
     """One turn for --json. An interrupted turn has no statistics (the loop did not finish them)."""
-    stats = None if reply.finish_reason == "interrupted" else stats_json(reply.stats, reply.tokens, reply.seconds)
+    stats = (None if reply.finish_reason == "interrupted"
+             else stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length))
     return {"turn": reply.turn, "prompt_ids": reply.prompt_ids, "reused": reply.reused, "prefilled": reply.prefilled,
             "tokens": reply.tokens, "text": reply.text, "finish_reason": reply.finish_reason, "stats": stats}
 
 
-def reply_report(reply: Reply, temperature: float) -> str:
+def reply_report(reply: Reply, temperature: float, draft_length: DraftLength | None = None) -> str:
     """What /stats prints: the cache's part in the turn, then generate.py's statistics block."""
     first = "" if reply.first_token_seconds is None else f"; first token after {reply.first_token_seconds:.2f} s"
     head = (f"-- turn {reply.turn}: the prompt has {len(reply.prompt_ids)} tokens: {reply.reused} reused from the "
@@ -96,7 +97,8 @@ def reply_report(reply: Reply, temperature: float) -> str:
     if reply.finish_reason == "interrupted":
         return f"{head}\n-- interrupted after {len(reply.tokens)} new tokens (no statistics)"
     result = {"tokens": reply.tokens, "finish_reason": reply.finish_reason,
-              "stats": stats_json(reply.stats, reply.tokens, reply.seconds), "sampling": {"temperature": temperature}}
+              "stats": stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length),
+              "sampling": {"temperature": temperature}}
     return f"{head}\n{stats_text(result, reply.stats)}"
 
 
@@ -158,7 +160,7 @@ class Session:
             return
         self.last = reply
         if self.json_output:
-            print(json.dumps(reply_json(reply)), flush=True)
+            print(json.dumps(reply_json(reply, a and a.draft_length)), flush=True)
             return
         stream.finish()
         if reply.finish_reason == "interrupted":
@@ -174,7 +176,8 @@ class Session:
         if self.json_output or not line.startswith("/") or len(line.split()) > 1:
             return False
         if line == "/stats":
-            self.say(reply_report(self.last, self.target.sampler.temperature) if self.last else "-- no turn yet")
+            length = self.assistant and self.assistant.draft_length
+            self.say(reply_report(self.last, self.target.sampler.temperature, length) if self.last else "-- no turn yet")
         elif line in ("/help", "/?"):
             self.say(HELP)
         else:
