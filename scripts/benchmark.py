@@ -29,7 +29,7 @@ Sections (`--only a,b`):
   float32 (every weight cast), and the float32 one as float32.
 - `batch`, `experts` (scripts/bench/batch.py): the demo pair decoding B = 1, 2, 4, 8 prompts as one
   batch against the same prompts one after another; unique MoE experts per forward against uniform routing.
-- `sampling` (scripts/bench/sampling.py): one sampled row at V = 4,096 and 262,144, new and old, and
+- `sampling` (scripts/bench/sampling.py): one sampled row at V = 4,096 and 262,144, the fast sampler and the textbook one, and
   E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every

@@ -2,9 +2,9 @@
 
 - `rows`: warping and drawing one row of random logits (std 3) at V = 4,096 and 262,144, T = 1, with
   top-k 64 / top-p 0.95 (Gemma's generation_config), top-k 0 / top-p 0.95 and top-k 0 / top-p 1:
-  ms per row of `gemma4.sampling.sample` (the candidates only), and of the previous full-vocabulary
-  path, kept below as `previous_sample` (a sort and a softmax of the whole row, V float64 draws
-  from a CPU generator per position), with old / new.
+  ms per row of `gemma4.sampling.sample` (the candidates only), and of the textbook path
+  (`reference_sample`: `gemma4.reference_warp` sorts and soft-maxes the whole row, then the keyed noise of
+  every token), with reference / fast, and whether both drew the same tokens (they must).
 - `decode`: a random pair at E2B's dimensions in bfloat16 (scripts/bench/random_pair.py; the vocabulary
   is `--sampling-vocab`, the real 262,144 by default, whose pair is the bf16 section's). Tokens/s of
   plain decoding, greedy against sampled (T 1, top-k 64, top-p 0.95); and speculative decoding with
@@ -22,7 +22,8 @@ import torch
 
 from bench.random_pair import random_prompt, write_pair
 from gemma4 import greedy_generate, load_target, sample_generate
-from gemma4.sampling import MASK64, TOKEN_STREAM, SamplerConfig, sample
+from gemma4.reference_warp import reference_warp
+from gemma4.sampling import TOKEN_STREAM, SamplerConfig, exponential_noise, sample
 from mtp import DraftLength, load_drafter, speculative_generate
 
 VOCABS = (4096, 262144)
@@ -34,27 +35,15 @@ Interleaved = Callable[[dict[str, Callable[[], Any]], int, dict[str, Callable[[]
                        tuple[dict[str, list[float]], dict[str, Any]]]
 
 
-# ---------------------------------------------------------------- the previous path, for old / new
+# ---------------------------------------------------------------- the textbook path, for reference / fast
 
 
-def previous_sample(logits: torch.Tensor, cfg: SamplerConfig, position: int) -> int:
-    """The sampler before the candidates: every token divided, masked, sorted and soft-maxed; V float64
-    Exp(1) draws from a CPU generator seeded per position, copied to the logits' device."""
-    x = logits.float() / cfg.temperature  # (1, V)
-    if 0 < cfg.top_k < x.shape[-1]:
-        x = x.masked_fill(x < x.topk(cfg.top_k, dim=-1).values[:, -1:], float("-inf"))
-    if cfg.top_p < 1:
-        sorted_x, order = x.sort(dim=-1, stable=True)
-        remove = sorted_x.softmax(dim=-1).cumsum(dim=-1) <= 1 - cfg.top_p
-        remove[:, -1] = False
-        x = x.masked_fill(remove.scatter(1, order, remove), float("-inf"))
-    probs = x.softmax(dim=-1)
-    z = (cfg.seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    generator = torch.Generator(device="cpu").manual_seed((z ^ (z >> 31)) >> 1)
-    noise = torch.empty(x.shape[-1], dtype=torch.float64).exponential_(generator=generator).to(probs.device)
-    return int((probs[0].double() / noise).argmax())
+def reference_sample(logits: torch.Tensor, cfg: SamplerConfig, position: int) -> int:
+    """The textbook sampler: the whole row warped (`gemma4.reference_warp`: sorted and soft-maxed), the keyed
+    noise of every token of the vocabulary."""
+    probs = reference_warp(logits, cfg)[0]  # (V,)
+    ids = torch.arange(probs.shape[0], device=probs.device)
+    return int((probs.double() / exponential_noise(cfg.seed, TOKEN_STREAM, position, ids)).argmax())
 
 
 # ---------------------------------------------------------------- the section
@@ -66,13 +55,14 @@ def row_costs(reps: int, interleaved: Interleaved) -> dict[str, Any]:
         logits = torch.randn(1, v, generator=torch.Generator().manual_seed(v)) * 3  # (1, V)
         for name, (top_k, top_p) in SETTINGS.items():
             cfg = SamplerConfig(1.0, top_k, top_p)
-            runs = {"new": lambda cfg=cfg: [sample(logits, cfg, TOKEN_STREAM, [n]) for n in range(CALLS)],
-                    "old": lambda cfg=cfg: [previous_sample(logits, cfg, n) for n in range(CALLS)]}
-            s, _ = interleaved(runs, reps, runs)
+            runs = {"fast": lambda cfg=cfg: [sample(logits, cfg, TOKEN_STREAM, [n]) for n in range(CALLS)],
+                    "reference": lambda cfg=cfg: [reference_sample(logits, cfg, n) for n in range(CALLS)]}
+            s, outputs = interleaved(runs, reps, runs)
             out[f"V={v}, {name}"] = {
-                "new_ms": 1e3 * statistics.median(s["new"]) / CALLS,
-                "old_ms": 1e3 * statistics.median(s["old"]) / CALLS,
-                "old/new": statistics.median(o / n for o, n in zip(s["old"], s["new"]))}
+                "fast_ms": 1e3 * statistics.median(s["fast"]) / CALLS,
+                "reference_ms": 1e3 * statistics.median(s["reference"]) / CALLS,
+                "reference/fast": statistics.median(o / n for o, n in zip(s["reference"], s["fast"])),
+                "same_tokens": outputs["fast"][0] == [[t] for t in outputs["reference"][0]]}
     return out
 
 
@@ -126,7 +116,7 @@ def sampling_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     if not r:
         return []
     rows = r["rows"]
-    out = [(f"sampling: ms per row, V=262144, {name}", rows[f"V=262144, {name}"]["new_ms"], limit, False)
+    out = [(f"sampling: ms per row, V=262144, {name}", rows[f"V=262144, {name}"]["fast_ms"], limit, False)
            for name, limit in (("top-k 64, top-p 0.95", 0.5), ("top-k 0, top-p 0.95", 3.0), ("top-k 0, top-p 1", 3.0))]
     d = r["decode"]
     if d:
@@ -143,9 +133,10 @@ def sampling_table(result: dict[str, Any]) -> str:
     if not r:
         return ""
     lines = ["", f"== one sampled row (warp + keyed draw), T 1, ms per row, {CALLS} rows per timed run",
-             f"   {'row':<34}{'new':>9}{'old':>9}{'old/new':>9}"]
+             f"   {'row':<34}{'fast':>9}{'reference':>11}{'ref/fast':>9}  same tokens"]
     for name, row in r["rows"].items():
-        lines.append(f"   {name:<34}{row['new_ms']:>9.3f}{row['old_ms']:>9.2f}{row['old/new']:>8.1f}x")
+        lines.append(f"   {name:<34}{row['fast_ms']:>9.3f}{row['reference_ms']:>11.2f}{row['reference/fast']:>8.1f}x  "
+                     f"{'yes' if row['same_tokens'] else 'NO'}")
     d = r["decode"]
     if d:
         t, f = d["tokens_per_s"], d["seconds_per_target_forward"]
