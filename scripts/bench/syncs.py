@@ -14,8 +14,10 @@ Three counters, each seeing a different part:
   output size depends on the data. It does not see `tolist` (no operator on the CPU; on CUDA a
   device-to-host copy, `aten::_to_copy`). The profiler makes a decode step of the demo ~20x slower.
 - **CUDA synchronisations** (a CUDA `device`): warnings of `torch.cuda.set_sync_debug_mode("warn")`, one
-  per synchronising operation: the reads above, `tolist`'s copy, and the syncs that read no Python value
-  (`nonzero`, a boolean-mask index, `.cpu()`), which the Tensor methods do not see. None elsewhere.
+  per synchronising operation: the reads above, `tolist`'s copy, the syncs that read no Python value
+  (`nonzero`, a boolean-mask index, `.cpu()`), which the Tensor methods do not see, and every copy that is not
+  `non_blocking`, host-to-device ones too (`torch.tensor(ids, device="cuda")`: c10's `memcpy_and_sync`
+  waits for the stream). None elsewhere.
   A read of a tensor that lives on the host is no stall: `HostReads.by_device` says which device each
   counted read came from.
 
