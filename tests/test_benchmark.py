@@ -60,6 +60,11 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
         assert {"ours_plain/tf_plain", "ours_spec/tf_assisted"} <= set(r["ratios"])
         calls = r["aten_calls_per_decode_step"]
         assert set(calls) == {"ours", "ours_draft_step", "tf"} and min(calls.values()) > 0
+        assert ("host_reads" in r) == (section == "demo")  # scripts/bench/syncs.py, the demo section only
+    reads = result["demo"]["host_reads"]
+    assert set(reads) == {"plain_step", "spec_round", "sampled_plain_step", "sampled_spec_round"}
+    assert reads["plain_step"] <= 1 and reads["spec_round"] <= 2  # tests/test_syncs.py holds these on every shape
+    assert "skipped" not in result  # on the CPU every section runs
     costs = result["costs"]
     assert set(costs["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}  # JSON keys
     assert set(costs["implied_speedup"]) == {"0.5", "0.7", "0.9"}
@@ -114,3 +119,36 @@ def test_help_shows_the_defaults() -> None:
     out = subprocess.run([sys.executable, str(Path(benchmark.__file__)), "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     assert "(default: 64)" in out.stdout and "(default: 7)" in out.stdout and "bench" in out.stdout
+
+
+DEVICE_CHECKS = {"load", "decode", "costs", "syncs", "equal"}
+
+
+def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
+    """The device section (scripts/bench/device.py) at --device-small sizes: every check runs and records its
+    figures, none an error; float32 speculative decoding equals plain, greedy and keyed sampling."""
+    result = benchmark.main(sections=["device"], target_dir=tmp_path, assistant_dir=tmp_path, tokens=8, e2b_tokens=4,
+                            reps=2, e2b_reps=1, k=None, e2b_dir=tmp_path, threads=1, copy_mib=4,
+                            use_transformers=True, device="cpu", device_dir=tmp_path / "device", device_small=True)
+    d = json.loads(json.dumps(result))["device"]
+    assert d["small"] is True and d["vocab"] == 512 and d["written_under"] == str(tmp_path / "device" / "small")
+    assert d["copy"]["bytes_per_s"] > 0 and d["keyed_bits"]["equal"] is True and d["keyed_bits"]["cases"] == 36
+    assert set(d["seconds"]) == {"write_e2b", "write_31b_layers", "copy", "keyed_bits", "e2b", "31b_layers"}
+    for name in ("e2b", "31b_layers"):
+        p = d[name]
+        assert DEVICE_CHECKS | {"seconds"} <= set(p) and not any("error" in p[c] for c in DEVICE_CHECKS), p
+        assert p["equal"]["greedy"] is True and p["equal"]["sampled"] is True and p["equal"]["tokens"] == 8
+        assert p["load"]["after_load"] is None  # CUDA memory: none on the CPU
+        decode = p["decode"]
+        assert decode["bound_tokens_per_s"] == pytest.approx(d["copy"]["bytes_per_s"] / decode["bytes_per_step"])
+        assert 0 < decode["eager"]["fraction_step"] and decode["compiled"]["step_tokens_per_s"] is None
+        assert set(p["costs"]["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}
+        reads = p["syncs"]["host_reads"]
+        assert reads["plain_step"] <= 1 and reads["spec_round"] <= 2 and p["syncs"]["cuda_syncs"] is None
+    parity = d["e2b"]["parity"]  # transformers is installed wherever the tests run
+    assert parity["argmax_agree"] == 1.0 and parity["max_abs_logit_diff"] <= parity["ours_vs_f32"]
+    assert "parity" not in d["31b_layers"]
+    target = load_target(tmp_path / "device" / "small" / "31b_layers" / "target")
+    assert target.config.attention_k_eq_v and target.config.kv_heads == (2, 2, 2, 1)  # 31B's geometry, tiny
+    printed = benchmark.device_table(result)
+    assert "== device: cpu" in printed and "ERROR" not in printed and "speculative == plain greedy True" in printed

@@ -77,6 +77,11 @@ def table(result: dict[str, Any]) -> str:
         theirs = f"{calls['tf']} ({calls['tf'] / calls['ours']:.2f}x ours)" if "tf" in calls else "n/a"
         lines.append(f"   ATen calls: a decode step {calls['ours']}, a draft step {calls['ours_draft_step']:.0f}; "
                      f"transformers' decode step {theirs}")
+        if r.get("host_reads"):  # scripts/bench/syncs.py: each one a stall on a GPU
+            h = r["host_reads"]
+            lines.append(f"   host reads: a plain step {h['plain_step']:.2f}, a speculative round {h['spec_round']:.2f}; "
+                         f"sampled (T 0.7, argmax drafting): a step {h['sampled_plain_step']:.2f}, "
+                         f"a round {h['sampled_spec_round']:.2f}")
         lines += packing_lines(r.get("packing"))
     lines += costs_lines(result.get("costs"), "float32") + bandwidth_lines(result.get("bandwidth"))
     if result.get("bf16"):
@@ -93,6 +98,8 @@ def table(result: dict[str, Any]) -> str:
                       f"   peak RSS in a first forward             {m['forward_peak_over_text']:.2f}x "
                       f"(mapped file pages then resident: "
                       f"{m['after_forward']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)"]
+    for section, why in result.get("skipped", {}).items():
+        lines.append(f"   {section}: skipped, {why}")
     lines += ["", "== goals (measured in this run; each ratio compares runs taken in turns)"]
     for g in result["goals"]:
         sign = {True: ">= ", False: "<= "}.get(g.get("at_least"), "")  # a goal without a direction: its limit
@@ -149,4 +156,5 @@ def bandwidth_lines(b: dict[str, Any] | None) -> list[str]:
            f"{b['ceiling_over_tf_plain']:.2f}x"] if b["ceiling_over_tf_plain"] is not None else []),
         *[f"   linear() {way:<6} on the largest weight {tuple(b['linear_weight_shape'])}, by rows: "
           + ", ".join(f"{m}: {v / 1e9:.1f} GB/s ({b['linear_rows_slowdown'][way][m]:.2f}x)" for m, v in rates.items())
-          for way, rates in b["linear_bytes_per_s_by_rows"].items()]]
+          for way, rates in b["linear_bytes_per_s_by_rows"].items()],
+        *([f"   linear() packed: {b['linear_packed']}"] if b.get("linear_packed") else [])]

@@ -49,10 +49,10 @@ def reference_sample(logits: torch.Tensor, cfg: SamplerConfig, position: int) ->
 # ---------------------------------------------------------------- the section
 
 
-def row_costs(reps: int, interleaved: Interleaved) -> dict[str, Any]:
+def row_costs(reps: int, interleaved: Interleaved, device: str = "cpu") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v in VOCABS:
-        logits = torch.randn(1, v, generator=torch.Generator().manual_seed(v)) * 3  # (1, V)
+        logits = (torch.randn(1, v, generator=torch.Generator().manual_seed(v)) * 3).to(device)  # (1, V)
         for name, (top_k, top_p) in SETTINGS.items():
             cfg = SamplerConfig(1.0, top_k, top_p)
             runs = {"fast": lambda cfg=cfg: [sample(logits, cfg, TOKEN_STREAM, [n]) for n in range(CALLS)],
@@ -66,11 +66,12 @@ def row_costs(reps: int, interleaved: Interleaved) -> dict[str, Any]:
     return out
 
 
-def decode_costs(pair_root: Path, configs: tuple[dict, dict], tokens: int, reps: int, interleaved: Interleaved
-                 ) -> dict[str, Any]:
+def decode_costs(pair_root: Path, configs: tuple[dict, dict], tokens: int, reps: int, interleaved: Interleaved,
+                 device: str = "cpu") -> dict[str, Any]:
     """configs: the pair's config.json objects (target, assistant), written once under pair_root."""
     t_dir, a_dir = write_pair(pair_root, *configs, torch.bfloat16)
-    target, drafter = load_target(t_dir, dtype=torch.bfloat16), load_drafter(a_dir, dtype=torch.bfloat16)
+    target = load_target(t_dir, dtype=torch.bfloat16, device=device)
+    drafter = load_drafter(a_dir, dtype=torch.bfloat16, device=device)
     prompt = random_prompt(t_dir, 16)
     forwards: dict[str, int] = {}
 
@@ -106,9 +107,9 @@ def decode_costs(pair_root: Path, configs: tuple[dict, dict], tokens: int, reps:
 
 
 def sampling_section(pair_root: Path, configs: tuple[dict, dict], tokens: int, decode_reps: int, row_reps: int,
-                     interleaved: Interleaved) -> dict[str, Any]:
-    return {"rows": row_costs(row_reps, interleaved),
-            "decode": decode_costs(pair_root, configs, tokens, decode_reps, interleaved) if tokens else None}
+                     interleaved: Interleaved, device: str = "cpu") -> dict[str, Any]:
+    return {"rows": row_costs(row_reps, interleaved, device),
+            "decode": decode_costs(pair_root, configs, tokens, decode_reps, interleaved, device) if tokens else None}
 
 
 def sampling_goals(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,343 @@
+"""scripts/benchmark.py's `device` section: one run that checks an accelerator end to end, sized for a lent GPU.
+
+    python scripts/benchmark.py --only device --device cuda --json > out.json   # one H200: a few minutes
+    python scripts/benchmark.py --only device --device-small --json             # the same checks, tiny, on a CPU
+
+Two random pairs (random_pair.py), written once under `--device-dir` (/dev/shm, or the temp directory when
+/dev/shm lacks the room) in bfloat16 with the full 262,144-token vocabulary:
+- `e2b`: E2B's dimensions (random_pair.e2b_configs): PLE, KV sharing, the centroid head;
+- `31b_layers`: 4 layers of 31B's (gemma4/README.md §16, mtp/README.md §1): hidden 5376, 32 query heads,
+  16 kv heads of 256 on the sliding layers and 4 of 512 on the full one, K=V full layers, MLP 21,504,
+  window 1024, no PLE or KV sharing; its assistant 1024 wide (MLP 8192, 32 heads) with a dense head.
+`--device-small` shrinks both (vocabulary 512, widths 16-64) and the copy, so a CPU runs it in seconds.
+
+Every check is recorded on its own: one that raises records {"error": "Type: message"} and the rest run on.
+Device-wide: `copy` (bandwidth of a device-memory copy, read + written, best of the reps) and `keyed_bits`
+(gemma4.sampling.keyed_bits on the device == on the CPU, int64 bit for bit). Per pair, on its bfloat16 load
+unless stated: `load` (seconds; CUDA memory allocated after loading, its peak while loading and in a first
+forward), `decode` (a decode step at a fixed position on the device's clock, and greedy_generate, tokens/s
+and their fraction of the bound `copy` bandwidth / `decode_bytes`; `compiled`: torch.compile of target.run,
+tried only with --device-compile), `costs` (costs.cost_section: (K+1)-token verify / decode for K = 1..8,
+draft step / decode), `syncs` (syncs.per_step: host reads and, on CUDA, synchronisations per step and per
+round), `equal` (float32 load: speculative == plain greedy, and argmax-drafted keyed sampling == plain
+sampling, tokens `==`), and on `e2b` `parity` (the first forward's logits against transformers' in
+bfloat16, and both against ours in float32).
+"""
+
+import gc
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.costs import cost_section
+from bench.memory import decode_bytes
+from bench.random_pair import assistant_config, e2b_configs, random_prompt, target_config, write_pair
+from bench.syncs import SAMPLED, per_step
+from bench.timing import Clock, interleaved, prefilled
+from gemma4 import greedy_generate, load_target, sample_generate
+from gemma4.config_file import text_config_from_dict
+from gemma4.sampling import ACCEPT_STREAM, DRAFT_STREAM, TOKEN_STREAM, exponential_noise, keyed_bits
+from gemma4.weights import target_weight_table
+from mtp import DraftLength, load_drafter, speculative_generate
+from mtp.loading import drafter_config_from_dict, drafter_weight_table
+
+FULL_VOCAB = 262144
+DEVICE_DIR = Path("/dev/shm/gemma4-mtp-device")
+BF16, F32 = torch.bfloat16, torch.float32
+K = 4  # drafts per round in the equality and sync checks
+SEEDS = (0, 1, 2**63 - 1)
+POSITIONS = (0, 1, 12_345, 2**31 + 7)
+
+
+def l31b_configs(vocab: int, small: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """4 layers (sliding x3, full) of 31B's target and its assistant; tiny widths when `small`."""
+    if small:
+        dims = dict(hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, window=8)
+        full_kv, drafter = 1, dict(hidden=32, intermediate=64, heads=4)
+    else:
+        dims = dict(hidden=5376, intermediate=21504, heads=32, kv_heads=16, head_dim=256, window=1024)
+        full_kv, drafter = 4, dict(hidden=1024, intermediate=8192, heads=32)
+    k_eq_v = {"attention_k_eq_v": True, "num_global_key_value_heads": full_kv}  # values: the raw key rows
+    target = target_config(vocab, layers=4, shared=0, ple_dim=0, double_wide=False, **dims) | k_eq_v
+    target["max_position_embeddings"] = 262_144
+    assistant = assistant_config(target, num_centroids=1, top_k=1, **drafter)
+    assistant["use_ordered_embeddings"] = False  # 26B/31B assistants: a dense head
+    assistant["text_config"] |= k_eq_v  # its full layer reads the target's 4 kv heads of 512
+    return target, assistant
+
+
+def small_e2b_configs(vocab: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """E2B's structure (KV sharing, PLE, double-wide MLP, centroid head) at tiny widths."""
+    target = target_config(vocab, layers=7, hidden=32, intermediate=64, heads=2, kv_heads=1, head_dim=16, window=8,
+                           shared=2, ple_dim=8, double_wide=True)
+    return target, assistant_config(target, hidden=16, intermediate=32, heads=2, num_centroids=16, top_k=4)
+
+
+def pair_bytes(target: dict[str, Any], assistant: dict[str, Any], dtype: torch.dtype) -> int:
+    """Bytes the pair's two files take (the token ordering is int64)."""
+    shapes = list(target_weight_table(text_config_from_dict(target)).values())
+    shapes += list(drafter_weight_table(drafter_config_from_dict(assistant)).values())
+    return sum(torch.Size(s).numel() for s in shapes) * dtype.itemsize
+
+
+def error_text(e: Exception) -> str:
+    """Its type and the first line of its message (the traceback goes to stderr)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def attempt(out: dict[str, Any], name: str, check: Callable[[], Any]) -> None:
+    """out[name] = check(), or {"error": ...} if it raised: one failed check never stops the others. The seconds
+    each check took go to out["seconds"], to size the run."""
+    start = time.perf_counter()
+    try:
+        out[name] = check()
+    except Exception as e:  # noqa: BLE001 (any failure is a finding to record, not a reason to stop)
+        out[name] = {"error": error_text(e)}
+        traceback.print_exc()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # an out-of-memory error leaves its blocks cached
+    out.setdefault("seconds", {})[name] = time.perf_counter() - start
+
+
+def memory(device: torch.device) -> dict[str, int] | None:
+    if device.type != "cuda":
+        return None
+    return {"allocated": torch.cuda.memory_allocated(device), "peak": torch.cuda.max_memory_allocated(device)}
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+# ---------------------------------------------------------------- device-wide checks
+
+
+def copy_check(device: torch.device, mib: int, reps: int, clock: Clock) -> dict[str, Any]:
+    src = torch.ones(mib * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    s, _ = interleaved({"copy": lambda: dst.copy_(src)}, reps, {"copy": lambda: dst.copy_(src)}, clock)
+    return {"mib": mib, "reps": reps, "bytes_per_s": 2 * src.nbytes / min(s["copy"]),
+            "median_bytes_per_s": 2 * src.nbytes / sorted(s["copy"])[len(s["copy"]) // 2]}
+
+
+def keyed_bits_check(device: torch.device, vocab: int) -> dict[str, Any]:
+    """The 64 noise bits of every token at a few (seed, stream, position), on the device and on the CPU."""
+    ids = torch.arange(vocab)
+    cases = [(seed, stream, n) for seed in SEEDS for stream in (TOKEN_STREAM, DRAFT_STREAM, ACCEPT_STREAM) for n in POSITIONS]
+    equal = [torch.equal(keyed_bits(*c, ids.to(device)).cpu(), keyed_bits(*c, ids)) for c in cases]
+    noise = max(float((exponential_noise(*c, ids.to(device)).cpu() / exponential_noise(*c, ids) - 1).abs().max())
+                for c in cases[:3])  # -log u in the device's float64: may differ in the last bits
+    return {"cases": len(cases), "ids": vocab, "equal": all(equal), "unequal_cases": [c for c, e in zip(cases, equal)
+                                                                                    if not e],
+            "noise_max_rel_diff": noise}
+
+
+# ---------------------------------------------------------------- per pair
+
+
+def pair_checks(name: str, t_dir: Path, a_dir: Path, device: torch.device, clock: Clock, copy: dict[str, Any],
+                tokens: int, reps: int, compile_step: bool, parity: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"target": str(t_dir), "assistant": str(a_dir)}
+    prompt = random_prompt(t_dir, 16)
+    models: dict[str, Any] = {}
+    logits: dict[str, torch.Tensor] = {}  # the first forward's, for `parity`
+
+    def pair(dtype: torch.dtype) -> tuple[Any, Any]:
+        if dtype not in models:
+            raise RuntimeError(f"the {dtype} pair did not load (see `load`)")
+        return models[dtype]
+
+    def load() -> dict[str, Any]:
+        reset_peak(device)
+        start = time.perf_counter()
+        models[BF16] = (load_target(t_dir, BF16, device), load_drafter(a_dir, BF16, device))
+        seconds, loaded = time.perf_counter() - start, memory(device)
+        weights = sum(p.numel() * p.element_size() for m in models[BF16] for p in m.parameters())
+        reset_peak(device)
+        with torch.inference_mode():
+            logits["ours"] = models[BF16][0].run(torch.tensor([prompt])).logits[0].float()  # (T, V)
+        forward = memory(device)
+        return {"seconds": seconds, "weight_bytes": weights, "after_load": loaded, "first_forward": forward,
+                "note": None if loaded else "CUDA memory only: on the CPU see the `memory` section"}
+
+    def decode() -> dict[str, Any]:
+        target, _ = pair(BF16)
+        cache, _ = prefilled(target, prompt, 1)
+        ids = torch.tensor([prompt[-1:]])  # (1, 1) host ids, as the loops pass them
+        step = torch.inference_mode()(lambda: target.run(ids, cache, len(prompt)))
+        s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
+        gen, _ = clock.time(lambda: greedy_generate(target, prompt, tokens))
+        step_bytes = decode_bytes(target)
+        bound = copy["bytes_per_s"] / step_bytes if "bytes_per_s" in copy else None
+        step_tps, gen_tps = 1 / sorted(s["step"])[len(s["step"]) // 2], tokens / gen
+        return {"bytes_per_step": step_bytes, "bound_tokens_per_s": bound,
+                "eager": {"step_tokens_per_s": step_tps, "generate_tokens_per_s": gen_tps,
+                          "fraction_step": bound and step_tps / bound, "fraction_generate": bound and gen_tps / bound},
+                "compiled": compiled(target, cache, ids, step) if compile_step else
+                {"step_tokens_per_s": None, "reason": "no --compile yet (--device-compile tries torch.compile)"}}
+
+    def compiled(target: Any, cache: Any, ids: torch.Tensor, eager: Callable[[], Any]) -> dict[str, Any]:
+        """torch.compile of target.run, a step at the same fixed position; fails soft."""
+        try:
+            run = torch.compile(target.run, dynamic=True)
+            step = torch.inference_mode()(lambda: run(ids, cache, len(prompt)))
+            diff = float((step().logits.float() - eager().logits.float()).abs().max())  # the first call compiles
+            s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
+            return {"step_tokens_per_s": 1 / sorted(s["step"])[len(s["step"]) // 2], "max_abs_logit_diff": diff}
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            return {"step_tokens_per_s": None, "reason": f"torch.compile failed: {error_text(e)}"}
+
+    def equal() -> dict[str, Any]:
+        gc.collect()  # the bfloat16 pair is gone: the float32 one takes its place
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        target, drafter = load_target(t_dir, F32, device), load_drafter(a_dir, F32, device)
+        plain = greedy_generate(target, prompt, tokens)
+        spec = speculative_generate(target, drafter, prompt, tokens, DraftLength(K))
+        sampled = sample_generate(target, prompt, tokens, SAMPLED)
+        spec_sampled = speculative_generate(target, drafter, prompt, tokens, DraftLength(K), sampler=SAMPLED)
+        if "ours" in logits:
+            with torch.inference_mode():
+                logits["f32"] = target.run(torch.tensor([prompt])).logits[0].float()
+        return {"tokens": tokens, "k": K, "greedy": spec.tokens == plain, "sampled": spec_sampled.tokens == sampled,
+                "sampler": "T 0.7, top-k 64, top-p 0.95, seed 0", "acceptance_rate": spec.stats.acceptance_rate,
+                "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "highest": no TF32
+                "sampled_acceptance_rate": spec_sampled.stats.acceptance_rate}
+
+    attempt(out, "load", load)
+    attempt(out, "decode", decode)
+    attempt(out, "costs", lambda: cost_section(*pair(BF16), prompt, reps, clock))
+    attempt(out, "syncs", lambda: per_step(*pair(BF16), prompt, tokens, K, device))
+    if parity:
+        attempt(out, "parity", lambda: transformers_logits(t_dir, prompt, device, logits))
+    models.pop(BF16, None)  # freed before the float32 pair loads
+    attempt(out, "equal", equal)
+    if parity and isinstance(out["parity"], dict) and "theirs" in logits:
+        out["parity"] |= {name: float((logits[a] - logits["f32"]).abs().max()) if "f32" in logits else None
+                          for name, a in (("ours_vs_f32", "ours"), ("theirs_vs_f32", "theirs"))}
+    return out
+
+
+def transformers_logits(t_dir: Path, prompt: list[int], device: torch.device, logits: dict[str, torch.Tensor]
+                        ) -> dict[str, Any]:
+    """The first forward of the bfloat16 file through transformers' Gemma4ForCausalLM, against ours."""
+    try:
+        import transformers
+        from transformers import Gemma4ForCausalLM
+    except ImportError as e:
+        return {"skipped": f"transformers does not import ({e})"}
+    if "ours" not in logits:
+        raise RuntimeError("our first forward did not run (see `load`)")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = Gemma4ForCausalLM.from_pretrained(t_dir, dtype=BF16).to(device).eval()
+    ids = torch.tensor([prompt], device=device)  # (1, T)
+    with torch.inference_mode():
+        logits["theirs"] = model(ids, attention_mask=torch.ones_like(ids)).logits[0].float()  # (T, V)
+    del model
+    diff = (logits["ours"] - logits["theirs"]).abs()
+    return {"transformers": transformers.__version__, "positions": len(prompt), "max_abs_logit_diff": float(diff.max()),
+            "max_abs_logit": float(logits["theirs"].abs().max()),
+            "argmax_agree": float((logits["ours"].argmax(-1) == logits["theirs"].argmax(-1)).float().mean())}
+
+
+# ---------------------------------------------------------------- the section
+
+
+def device_section(device: str, root: Path, small: bool, tokens: int, reps: int, copy_mib: int,
+                   compile_step: bool, say: Callable[..., None]) -> dict[str, Any]:
+    dev = torch.device(device)
+    clock = Clock(dev)
+    vocab = 512 if small else FULL_VOCAB
+    pairs = {"e2b": small_e2b_configs(vocab) if small else e2b_configs(vocab), "31b_layers": l31b_configs(vocab, small)}
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
+                           "torch": torch.__version__, "small": small, "vocab": vocab, "tokens": tokens, "reps": reps}
+    need = sum(pair_bytes(*configs, BF16) for configs in pairs.values())
+    size = "small" if small else "full"  # a small run never overwrites the full pairs
+    written = (root / size / "31b_layers" / "pair.json").is_file()  # reused as it is, if its config is the same
+    existing = next(p for p in (root, *root.parents) if p.exists())  # /dev/shm may be missing, or only 64 MB
+    if not written and shutil.disk_usage(existing).free < need:
+        fallback = Path(tempfile.gettempdir()) / "gemma4-mtp-device"
+        say(f"device: {existing} has less than {need / 1e9:.2f} GB free: writing under {fallback}")
+        root = fallback
+    root = root / size
+    out["written_under"], out["pair_bytes"] = str(root), need
+    dirs: dict[str, tuple[Path, Path]] = {}
+    for name, configs in pairs.items():
+        say(f"device: writing or reusing the {name} pair under {root / name}")
+        attempt(out, f"write_{name}", lambda name=name, configs=configs: [
+            str(d) for d in dirs.setdefault(name, write_pair(root / name, *configs, BF16))])
+    say(f"device: copy bandwidth and keyed bits on {dev}")
+    attempt(out, "copy", lambda: copy_check(dev, copy_mib, max(reps, 5), clock))
+    attempt(out, "keyed_bits", lambda: keyed_bits_check(dev, vocab))
+    copy = out["copy"]
+    for name, (t_dir, a_dir) in dirs.items():
+        say(f"device: the {name} pair on {dev}")
+        attempt(out, name, lambda t_dir=t_dir, a_dir=a_dir, name=name: pair_checks(
+            name, t_dir, a_dir, dev, clock, copy, tokens, reps, compile_step, parity=name == "e2b"))
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def device_table(result: dict[str, Any]) -> str:
+    """The device section's figures, one line per check; an error in place of a check that failed."""
+    d = result.get("device")
+    if not d:
+        return ""
+
+    def line(label: str, r: Any, text: Callable[[Any], str]) -> str:
+        if isinstance(r, dict) and "error" in r:
+            return f"   {label:<24}ERROR {r['error']}"
+        return f"   {label:<24}{text(r)}"
+
+    gb = 1e9
+    lines = ["", f"== device: {d['device']}, torch {d['torch']}{', small sizes' if d['small'] else ''}, "
+                 f"vocabulary {d['vocab']}, {d['tokens']} tokens, {d['reps']} reps; pairs under {d['written_under']}",
+             line("copy bandwidth", d.get("copy"), lambda c: f"{c['bytes_per_s'] / gb:.1f} GB/s (read + written, "
+                                                           f"{c['mib']} MiB, best)"),
+             line("keyed bits == CPU", d.get("keyed_bits"), lambda k: f"{k['equal']} ({k['cases']} cases x {k['ids']} "
+                                                                   f"ids; noise rel. diff {k['noise_max_rel_diff']:.1e})")]
+    for name in ("e2b", "31b_layers"):
+        p = d.get(name)
+        if p is None:
+            continue
+        lines.append(f"   -- {name}")
+        if "error" in p:
+            lines.append(line("pair", p, str))
+            continue
+        lines += [
+            line("load", p["load"], lambda m: f"{m['seconds']:.1f} s, weights {m['weight_bytes'] / gb:.2f} GB" + (
+                f"; allocated {m['after_load']['allocated'] / gb:.2f} GB (peak {m['after_load']['peak'] / gb:.2f}), "
+                f"first forward peak {m['first_forward']['peak'] / gb:.2f} GB" if m["after_load"] else "")),
+            line("decode, eager", p["decode"], lambda x: (
+                f"step {x['eager']['step_tokens_per_s']:.1f} tokens/s, generate {x['eager']['generate_tokens_per_s']:.1f}"
+                + ("" if x["bound_tokens_per_s"] is None else
+                   f"; bound {x['bound_tokens_per_s']:.1f} ({x['bytes_per_step'] / gb:.2f} GB a step): "
+                   f"{x['eager']['fraction_step']:.0%} / {x['eager']['fraction_generate']:.0%}"))),
+            line("decode, compiled", p["decode"], lambda x: (
+                f"step {x['compiled']['step_tokens_per_s']:.1f} tokens/s" if x["compiled"]["step_tokens_per_s"]
+                else x["compiled"]["reason"])),
+            line("verify / decode", p["costs"], lambda c: " ".join(f"K={k}: {v:.2f}" for k, v in
+                                                                  c["verify_over_decode"].items())),
+            line("draft step / decode", p["costs"], lambda c: f"{c['draft_step_over_decode']:.3f}"),
+            line("host reads", p["syncs"], lambda s: ", ".join(f"{k} {v:.2f}" for k, v in s["host_reads"].items())),
+            line("CUDA syncs", p["syncs"], lambda s: "n/a (not CUDA)" if s["cuda_syncs"] is None else
+                 ", ".join(f"{k} {v:.2f}" for k, v in s["cuda_syncs"].items())),
+            line("float32 equal", p["equal"], lambda e: f"speculative == plain greedy {e['greedy']}, keyed sampling "
+                                                       f"{e['sampled']} ({e['tokens']} tokens, K = {e['k']})")]
+        if "parity" in p:
+            lines.append(line("bf16 vs transformers", p["parity"], lambda q: q.get("skipped") or (
+                f"max |logit diff| {q['max_abs_logit_diff']:.3g} (max |logit| {q['max_abs_logit']:.3g}); vs float32: "
+                f"ours {q.get('ours_vs_f32') or float('nan'):.3g}, theirs {q.get('theirs_vs_f32') or float('nan'):.3g}")))
+    return "\n".join(lines)

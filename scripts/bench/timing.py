@@ -1,0 +1,114 @@
+"""How scripts/benchmark.py times and counts: methods in turns on one clock, the cached forwards it times, and
+ATen calls per step.
+
+- A shared machine is noisy, so methods are timed in turns (`interleaved`): every repetition runs every
+  method once, the order reversed on every other repetition, after one untimed warm-up; a ratio is the
+  median of per-repetition ratios (neighbours in time).
+- The clock (`Clock`) is the host's on the CPU. On CUDA a call only queues kernels and returns, so the host
+  clock would time the launches: there CUDA events are recorded on the device's stream before and after the
+  call and read after a synchronize, which times the call's work on the device, idle gaps included.
+- Every tensor is made on the model's device, so the same code runs on the CPU and on CUDA.
+"""
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gemma4 import KVCache
+from gemma4.model import Gemma4Model, ModelOutput
+from mtp import Drafter
+from mtp.speculative import target_kv
+
+
+class Clock:
+    """Seconds of one call, and its result: the host clock on the CPU, CUDA events on a CUDA device."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def time(self, run: Callable[[], Any]) -> tuple[float, Any]:
+        if not self.cuda:
+            start = time.perf_counter()
+            out = run()
+            return time.perf_counter() - start, out
+        stream = torch.cuda.current_stream(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        out = run()
+        end.record(stream)
+        end.synchronize()  # both events have happened: elapsed_time may be read
+        return start.elapsed_time(end) / 1e3, out  # milliseconds -> seconds
+
+
+HOST = Clock("cpu")
+
+
+def median_ratio(a: list[float], b: list[float]) -> float:
+    """Median over repetitions of a[i] / b[i]: each ratio compares runs that were neighbours in time."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def interleaved(runs: dict[str, Callable[[], Any]], reps: int, warm_up: dict[str, Callable[[], Any]],
+                clock: Clock = HOST) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Seconds of every run per repetition (order reversed every other repetition), and each one's output."""
+    for run in warm_up.values():
+        run()
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    outputs: dict[str, Any] = {}
+    for rep in range(reps):
+        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+            s, out = clock.time(runs[name])
+            outputs.setdefault(name, []).append(out)
+            seconds[name].append(s)
+    return seconds, outputs
+
+
+def aten_calls(prepare: Callable[[], Callable[[], Any]]) -> int:
+    """ATen operator calls, nested ones included, in one decode step. `prepare()` prefills a new cache and
+    returns the step; one step runs unprofiled first. A small model's decode step is bound by the cost
+    per call, not by arithmetic: its time follows this count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the profiler would print its own start/stop lines
+    prepare()()
+    step = prepare()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def prefilled(target: Gemma4Model, prompt: list[int], room: int) -> tuple[KVCache, ModelOutput]:
+    """A new cache holding the prompt's K/V with `room` more positions, and the prefill's output."""
+    device = device_of(target)
+    cache = KVCache(target.config, len(prompt) + room, dtype=target.embed_tokens.weight.dtype, device=device)
+    with torch.inference_mode():
+        out = target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
+    cache.length = len(prompt)  # every timed forward writes at len(prompt).. and leaves the length there
+    return cache, out
+
+
+def our_decode_step(target: Gemma4Model, prompt: list[int]) -> Callable[[], Any]:
+    """The prompt prefilled into a new cache, and the cached 1-token forward that follows it, as every
+    step of greedy_generate runs it."""
+    cache, _ = prefilled(target, prompt, 1)
+    device = device_of(target)
+    return torch.inference_mode()(lambda: target.run(torch.tensor([prompt[-1:]]), cache, len(prompt)))
+
+
+def draft_step_calls(target: Gemma4Model, drafter: Drafter, prompt: list[int]) -> float:
+    """ATen calls of one draft step: a round of 3 steps less a round of 1, halved (a round's own setup,
+    its RoPE tables and masks, cancels out)."""
+    p = len(prompt)
+    cache, out = prefilled(target, prompt, 1)
+    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, p)
+    rounds = {k: aten_calls(lambda k=k: lambda: drafter.draft(target, token, hidden, p, kv, k)) for k in (1, 3)}
+    return (rounds[3] - rounds[1]) / 2
