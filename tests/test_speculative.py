@@ -215,10 +215,11 @@ def test_cache_length_and_statistics_match_a_recount(models, monkeypatch: pytest
 
 def test_statistics_of_a_drafter_always_right(models) -> None:  # noqa: ANN001
     """Counted by hand: the prefill commits 1 token, four rounds of K = 3 commit 4 each (17), and the
-    18th comes from a verify with no drafts (drafting it could not be committed)."""
+    18th comes from a round with no drafts (K = 0: drafting it could not be committed)."""
     target, draft_model = models["moe", "always"]
     s = speculative_generate(target, draft_model, prompt("short"), 18, DraftLength(3)).stats
-    assert [len(r.drafted) for r in s.rounds] == [3, 3, 3, 3] and [r.accepted for r in s.rounds] == [3, 3, 3, 3]
+    assert [len(r.drafted) for r in s.rounds] == [3, 3, 3, 3, 0] and [r.accepted for r in s.rounds] == [3, 3, 3, 3, 0]
+    assert s.k_histogram == {0: 1, 3: 4}
     assert (s.emitted, s.drafted, s.accepted, s.target_forwards) == (18, 12, 12, 6)
     assert (s.drafted_at, s.accepted_at, s.per_position_acceptance) == ([4, 4, 4], [4, 4, 4], [1.0, 1.0, 1.0])
     assert (s.acceptance_rate, s.tokens_per_forward) == (1.0, 3.0)
