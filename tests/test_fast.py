@@ -1,8 +1,9 @@
 """The speed layer (gemma4/fast/): a fast model computes what the textbook model computes.
 
-Whether a weight is packed is measured at load time, so no test here depends on what the measurement finds:
-the loaders' choice is checked for its form, and both branches are forced with `make_fast(..., pack=True)`
-(pack wherever oneDNN can) and `pack=False` (never) on a model loaded with `fast=False`."""
+Which kernel multiplies a weight is measured at load time, so no test here depends on what the measurement finds:
+the loaders' choice is checked for its form, the rule on given timings, and every choice is forced in turn with
+`make_fast(..., kernels=...)` (for 1 row and for 2 or more: packed, or plain with MKL or oneDNN for each) on a model
+loaded with `fast=False`."""
 
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from torch import nn
 import gemma4.fast.kernels
 from gemma4 import Gemma4Model, greedy_generate, load_target
 from gemma4.fast import Choice, Product, kernels_of, make_fast, products
-from gemma4.fast.kernels import measure, packable
+from gemma4.fast.kernels import KERNELS, fastest_layout, measure, packable
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.model import MLP, Attention, TiedHead
 from gemma4.weights import file_reader
@@ -23,6 +24,8 @@ from tests.checkpoints import SHAPES, write_assistant, write_target
 
 PROMPT = [2, 17, 300, 45, 99, 260, 7, 410, 33, 12, 5, 480, 77, 301, 18, 64, 9, 250, 3, 11]  # past both windows
 ROWS = range(1, 10)  # a decode step multiplies 1 row, a verify of K = 1..8 drafts K + 1
+PLAIN, PACKED = ("mkl", "mkl"), ("packed", "packed")  # kernels for (1 row, 2 or more rows)
+ONEDNN = [("onednn", "onednn"), ("mkl", "onednn"), ("onednn", "mkl")]  # oneDNN on the plain weight, per row count
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +39,13 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pat
     return out
 
 
-def forced(pair: tuple[Path, Path], pack: bool, dtype: torch.dtype = torch.float32) -> tuple[Gemma4Model, Drafter]:
-    """The pair made fast with every product plain (pack=False) or packed wherever oneDNN can (pack=True)."""
+def forced(pair: tuple[Path, Path], kernels: tuple[str, str], dtype: torch.dtype = torch.float32
+           ) -> tuple[Gemma4Model, Drafter]:
+    """The pair made fast with `kernels` for 1 row and for 2 or more on every product, wherever oneDNN can."""
     target, drafter = load_target(pair[0], dtype=dtype, fast=False), load_drafter(pair[1], dtype=dtype, fast=False)
-    make_fast(target, file_reader(pair[0], "model."), ("head", "embed_tokens.weight"), pack=pack)
+    make_fast(target, file_reader(pair[0], "model."), ("head", "embed_tokens.weight"), kernels=kernels)
     head = None if drafter.config.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
-    make_fast(drafter, file_reader(pair[1], ""), head, pack=pack)
+    make_fast(drafter, file_reader(pair[1], ""), head, kernels=kernels)
     return target, drafter
 
 
@@ -58,14 +62,20 @@ def assert_logits_close(fast: torch.Tensor, plain: torch.Tensor, exact: torch.Te
     assert float((fast.double() - exact).abs().max()) <= max(4 * textbook_error, floor)
 
 
+def kinds(weight: torch.Tensor) -> list[Product]:
+    """The weight prepared every way: plain with MKL or oneDNN for each row count, and packed (where oneDNN can)."""
+    if not packable(weight):
+        return [Product(weight, False)]
+    return [Product(weight, False, onednn=(one, many)) for one in (False, True) for many in (False, True)] + [
+        Product(weight, True)]
+
+
 def test_products_agree_with_f_linear_fp32() -> None:
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(384, 256, generator=g) / 16  # (O, I)
-    kinds = [(False, 0)] + ([(False, 1), (False, 5), (True, 0)] if packable(weight) else [])
-    for packed, onednn_rows in kinds:  # plain; plain with oneDNN for many rows; packed
-        product = Product(weight, packed, onednn_rows=onednn_rows)
-        for rows in ROWS:
-            x = torch.randn(1, rows, 256, generator=g)  # (B, N, I)
+    for product in kinds(weight):
+        for shape in [(1, rows, 256) for rows in ROWS] + [(3, 1, 256), (2, 4, 256)]:  # (B, N, I)
+            x = torch.randn(*shape, generator=g)
             with torch.inference_mode():
                 exact = F.linear(x.double(), weight.double())
                 assert_logits_close(product(x), F.linear(x, weight), exact)
@@ -76,10 +86,7 @@ def test_products_agree_with_f_linear_bf16() -> None:
     weight = (torch.randn(384, 256, generator=g) / 16).bfloat16()
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         assert not packable(weight)  # no oneDNN bfloat16 kernels on this CPU (AVX2 only): the plain product serves
-    kinds = [Product(weight, False)]
-    if packable(weight):
-        kinds += [Product(weight, True), Product(weight, False, onednn_rows=2)]
-    for product in kinds:
+    for product in kinds(weight):
         for rows in ROWS:
             x = torch.randn(1, rows, 256, generator=g).bfloat16()
             with torch.inference_mode():
@@ -88,29 +95,69 @@ def test_products_agree_with_f_linear_bf16() -> None:
                 assert float((product(x).double() - exact).abs().max()) <= 2 * 2**-8 * float(exact.abs().max())
 
 
+def kernel_called(product: Product, x: torch.Tensor) -> str:
+    """Which kernel a product multiplied x by: "onednn" (packed or not) or "mkl"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        product(x)
+    names = {e.key for e in prof.key_averages()}
+    assert ("mkldnn::_linear_pointwise" in names) != ("aten::mm" in names)
+    return "onednn" if "mkldnn::_linear_pointwise" in names else "mkl"
+
+
+@pytest.mark.skipif(not gemma4.fast.kernels.ONEDNN, reason="a torch build without oneDNN")
+def test_each_row_count_goes_to_its_kernel() -> None:
+    """1 row (B = T = 1) to the 1-row kernel; any more, by batch or by tokens, to the other."""
+    weight = torch.randn(48, 32)
+    for product in kinds(weight):
+        one, many = ("onednn" if flag else "mkl" for flag in product.onednn)
+        assert kernel_called(product, torch.randn(1, 1, 32)) == kernel_called(product, torch.randn(32)) == one
+        assert all(kernel_called(product, torch.randn(*shape)) == many for shape in ((1, 2, 32), (3, 1, 32), (5, 32)))
+
+
 def test_which_weights_can_be_packed() -> None:
     weight = torch.empty(64, 64)
     assert packable(weight) == gemma4.fast.kernels.ONEDNN
     assert not packable(weight.double()) and not packable(weight.half()) and not packable(weight.to("meta"))
 
 
-def test_the_measurement_times_both_ways_and_packs_only_where_faster_for_the_rows_used() -> None:
-    """Its form only: which way is faster is the machine's."""
+def test_the_layout_is_the_one_whose_worst_slowdown_is_least() -> None:
+    """The rule on given timings (seconds for 1 and K + 1 rows): one layout a weight, the fastest kernel per row
+    count within it, the worst ratio to the fastest kernel of any layout least."""
+    zen4 = {"mkl": (1 / 15.6, 1 / 6.4), "onednn": (1 / 24.4, 1 / 18.2), "packed": (1 / 22.0, 1 / 32.2)}
+    assert fastest_layout(zen4, decodes=True)[0] == PACKED  # 1.11x at 1 row rather than 1.77x at 5
+    slow_packed_decode = zen4 | {"packed": (1 / 10.0, 1 / 32.2)}
+    assert fastest_layout(slow_packed_decode, decodes=True)[0] == ("onednn", "onednn")  # 2.44x at 1 row is worse
+    assert fastest_layout(slow_packed_decode, decodes=False)[0] == PACKED  # a model that only verifies
+    intel = {"mkl": (1.0, 2.0), "onednn": (1.5, 1.2), "packed": (1.6, 1.1)}
+    assert fastest_layout(intel, decodes=True)[0] == ("mkl", "onednn")
+    assert fastest_layout(intel | {"onednn": (0.9, 3.0), "mkl": (1.0, 1.15)}, decodes=True)[0] == ("onednn", "mkl")
+    tie = {"mkl": (1.0, 1.0), "onednn": (1.0, 1.0), "packed": (1.0, 1.0)}
+    assert fastest_layout(tie, decodes=True)[0] == PLAIN  # no copy, no second kernel, unless it pays
+
+
+def test_the_measurement_times_every_kernel_for_each_row_count() -> None:
+    """Its form only: which kernel is faster is the machine's."""
     weight = torch.randn(96, 64)
     choice, blocked = measure(weight, rows=5, reps=2)
-    assert choice.shape == (96, 64) and choice.dtype == "float32" and choice.cost_s > 0
+    assert choice.shape == (96, 64) and choice.dtype == "float32" and choice.cost_s > 0 and choice.rows == 5
     if not packable(weight):
-        assert not choice.packed and choice.plain_s is None and blocked is None
+        assert not choice.packed and choice.plain_s is None and choice.seconds is None and blocked is None
         return
-    assert all(s > 0 for s in choice.plain_s + choice.packed_s)
-    assert choice.packed == all(p < q for p, q in zip(choice.packed_s, choice.plain_s))  # faster for both
-    assert choice.onednn_rows in ((0,) if choice.packed else (0, 5))  # a second kernel only for a plain weight
-    assert (blocked is not None) == choice.packed
+    assert set(choice.seconds) == set(KERNELS) and all(s > 0 for t in choice.seconds.values() for s in t)
+    assert choice.kernels == fastest_layout(choice.seconds, decodes=True)[0]
+    assert choice.packed == (choice.kernels == PACKED) and (blocked is not None) == choice.packed
+    assert choice.packed_s == choice.seconds["packed"]
+    assert choice.plain_s == tuple(min(choice.seconds["mkl"][i], choice.seconds["onednn"][i]) for i in (0, 1))
+    assert choice.onednn_rows == (1 if choice.kernels[0] == "onednn" else 2 if choice.kernels[1] == "onednn" else 0)
     verifies, blocked = measure(weight, rows=5, reps=2, decodes=False)  # a model that only verifies
-    assert verifies.packed == (verifies.packed_s[1] < verifies.plain_s[1])  # the 1-row time does not count
+    assert verifies.kernels == fastest_layout(verifies.seconds, decodes=False)[0]
     assert (blocked is not None) == verifies.packed
     double, _ = measure(weight.double())
-    assert not double.packed and double.plain_s is None  # nothing to time without a kernel
+    assert not double.packed and double.plain_s is None and double.kernels == PLAIN  # no kernel to time
+    with pytest.raises(ValueError, match="one layout"):
+        gemma4.fast.kernels.forced(weight, ("packed", "mkl"))
 
 
 def test_fast_false_gives_the_textbook_modules(pairs: dict[str, tuple[Path, Path]]) -> None:
@@ -127,8 +174,9 @@ def test_the_loaders_swap_every_projection_and_report_one_decision_per_shape(pai
     choices = {(c.shape, c.dtype): c for c in kernels_of(target)}
     assert len(choices) == len(kernels_of(target)) and all(isinstance(c, Choice) for c in choices.values())
     for product in products(target):  # each product follows the decision of its (shape, dtype)
-        assert product.packed == choices[product.shape, "float32"].packed
-        assert product.onednn_rows == choices[product.shape, "float32"].onednn_rows
+        choice = choices[product.shape, "float32"]
+        assert product.packed == choice.packed and product.onednn == choice.onednn and product.choice is choice
+        assert choice.kernels == PACKED if choice.packed else "packed" not in choice.kernels
     for m in target.modules():
         if isinstance(m, Attention):
             assert isinstance(m, StackedAttention) != m.shared  # a shared layer has no k/v to stack
@@ -142,7 +190,7 @@ def test_the_loaders_swap_every_projection_and_report_one_decision_per_shape(pai
 
 def test_stacks_hold_q_k_v_and_gate_up_as_views(pairs: dict[str, tuple[Path, Path]]) -> None:
     """Plain stacks: the parameters become views of the stacked rows, so the weights are held once."""
-    target, _ = forced(pairs["e2b"], pack=False)
+    target, _ = forced(pairs["e2b"], PLAIN)
     attention = next(m for m in target.modules() if isinstance(m, StackedAttention))
     stack = attention.qkv.operand.t()  # ((H+2K)*D, E)
     q, k = attention.q_proj.weight, attention.k_proj.weight
@@ -171,24 +219,28 @@ def test_fast_and_textbook_give_the_same_tokens(pairs: dict[str, tuple[Path, Pat
     exact = load_target(pairs[shape][0], dtype=torch.float64, fast=False)
     plain = textbook(pairs[shape])
     assert_same_as_textbook((load_target(pairs[shape][0]), load_drafter(pairs[shape][1])), plain, exact)
-    for pack in (False, True):
-        assert_same_as_textbook(forced(pairs[shape], pack), plain, exact)
+    for kernels in (PLAIN, PACKED):
+        assert_same_as_textbook(forced(pairs[shape], kernels), plain, exact)
 
 
-def test_onednn_for_many_rows_gives_the_same_tokens(pairs: dict[str, tuple[Path, Path]]) -> None:
-    """Plain products that send verifies and prefills to oneDNN on the unpacked weight (as `measure` may choose)."""
-    target, drafter = forced(pairs["e2b"], pack=False)
-    for product in products(target) + products(drafter):
-        product.onednn_rows = 2 if gemma4.fast.kernels.ONEDNN else 0  # from 2 rows; without oneDNN: never
-    exact = load_target(pairs["e2b"][0], dtype=torch.float64, fast=False)
-    assert_same_as_textbook((target, drafter), textbook(pairs["e2b"]), exact)
+@pytest.mark.parametrize("kernels", ONEDNN)
+def test_onednn_on_the_plain_weight_gives_the_same_tokens(pairs: dict[str, tuple[Path, Path]],
+                                                          kernels: tuple[str, str]) -> None:
+    """Plain products that send 1 row, or 2 or more (verifies, prefills), or both to oneDNN on the unpacked weight,
+    as `measure` may choose."""
+    for shape in SHAPES:
+        fast = forced(pairs[shape], kernels)
+        assert all(p.onednn == (kernels[0] == "onednn", kernels[1] == "onednn") or not gemma4.fast.kernels.ONEDNN
+                   for p in products(fast[0]) + products(fast[1]))
+        exact = load_target(pairs[shape][0], dtype=torch.float64, fast=False)
+        assert_same_as_textbook(fast, textbook(pairs[shape]), exact)
 
 
-@pytest.mark.parametrize("pack", [False, True])
-def test_the_state_dict_is_the_checkpoints(pairs: dict[str, tuple[Path, Path]], pack: bool) -> None:
+@pytest.mark.parametrize("kernels", [PLAIN, PACKED])
+def test_the_state_dict_is_the_checkpoints(pairs: dict[str, tuple[Path, Path]], kernels: tuple[str, str]) -> None:
     """Official names and values, strictly loadable into a model built from scratch."""
     raw = textbook(pairs["e2b"])[0].state_dict()
-    target, _ = forced(pairs["e2b"], pack)
+    target, _ = forced(pairs["e2b"], kernels)
     state = target.state_dict()
     assert list(state) == list(raw)
     assert all(torch.equal(state[k], raw[k]) for k in raw)
@@ -216,7 +268,7 @@ def test_a_bf16_file_run_in_fp32_keeps_one_copy(tmp_path: Path) -> None:
     path = write_target(tmp_path / "bf16", "e2b", dtype=torch.bfloat16, multimodal=False)
     plain = load_target(path, fast=False)
     target = load_target(path, fast=False)
-    make_fast(target, file_reader(path, "model."), ("head", "embed_tokens.weight"), pack=True)
+    make_fast(target, file_reader(path, "model."), ("head", "embed_tokens.weight"), kernels=PACKED)
     attention = target.layers[0].self_attn
     if gemma4.fast.kernels.ONEDNN:
         assert attention.q_proj.weight.dtype == torch.bfloat16 and attention.qkv.dtype == torch.float32
@@ -229,7 +281,7 @@ def test_without_onednn_nothing_is_packed(pairs: dict[str, tuple[Path, Path]], m
     expected = greedy_generate(textbook(pairs["e2b"])[0], PROMPT, 16)
     monkeypatch.setattr(gemma4.fast.kernels, "ONEDNN", False)
     target = load_target(pairs["e2b"][0])
-    assert all(not c.packed and c.plain_s is None for c in kernels_of(target))
+    assert all(not c.packed and c.plain_s is None and c.kernels == PLAIN for c in kernels_of(target))
     assert all(not p.packed for p in products(target))
     assert greedy_generate(target, PROMPT, 16) == expected
 

@@ -53,14 +53,14 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
 
 
 @torch.no_grad()
-def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None, pack: bool | None = None,
-              rows: int = VERIFY_ROWS, decodes: bool = True) -> list[Choice]:
+def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
+              kernels: tuple[str, str] | None = None, rows: int = VERIFY_ROWS, decodes: bool = True) -> list[Choice]:
     """Prepare every product of `model` (`groups`, and the tied head `head` = (head module, weight key)) and swap
     in the fast modules. Returns the kernel decisions, one per (shape, dtype).
 
-    `pack`: None times plain against packed for 1 and `rows` rows and packs where packed is faster for both
-    (`decodes=False`: for `rows` alone, a model that only verifies); False never packs; True packs wherever
-    oneDNN can (tests force both branches)."""
+    `kernels`: None times every kernel for 1 and `rows` rows and takes the layout `measure` picks (`decodes=False`:
+    on `rows` alone, for a model that only verifies); a pair (1 row, 2 or more), e.g. ("packed", "packed") or
+    ("mkl", "onednn"), forces those kernels wherever oneDNN can (tests force every choice)."""
     choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
     for name, keys in todo:
@@ -76,10 +76,10 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None, pack
         is_head = head is not None and name == head[0]
         blocked, signature = None, (tuple(values.shape), values.dtype)
         if signature not in choices:
-            if pack is None:
+            if kernels is None:
                 choices[signature], blocked = measure(values, rows, decodes=decodes)
             else:
-                choices[signature] = forced(values, pack)
+                choices[signature] = forced(values, kernels)
         choice = choices[signature]
         if choice.packed:
             if cast and not is_head and on_cpu:
@@ -89,9 +89,9 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None, pack
         elif len(keys) > 1:  # the parameters become views of the stack's rows
             for key, rows_of_key in zip(keys, values.split([part.shape[0] for part in parts])):
                 _replace_parameter(model, key, rows_of_key)
-            product = Product(values, False, onednn_rows=choice.onednn_rows, choice=choice)
+            product = Product(values, False, onednn=choice.onednn, choice=choice)
         else:  # as loaded: a view of the file, or the cast copy
-            product = Product(parts[0], False, onednn_rows=choice.onednn_rows, choice=choice)
+            product = Product(parts[0], False, onednn=choice.onednn, choice=choice)
         del values
         module = model.get_submodule(name)
         if is_head:

@@ -5,12 +5,14 @@
 - A packed product multiplies by oneDNN's copy of the weight in its own blocked layout
   (`_reorder_linear_weight`, then `_linear_pointwise`: the pair torch.compile's CPU backend emits for a
   linear layer). Same sums in another order: about 1e-6 relative in float32.
-- oneDNN's product on the *unpacked* weight (`_linear_pointwise` with a plain tensor: no copy) serves many
-  rows on some CPUs where MKL's does not (`Product.onednn_rows`).
-- Which pays depends on the CPU, the weight and the row count, so `measure` times them on the real weight
-  for 1 row and for K + 1 = `VERIFY_ROWS` rows, alternating, the best of `REPS` each (minima: a neighbour's
-  load only ever adds time), and keeps a packed copy only where it is faster for every row count the model
-  multiplies: 1 and K + 1 by default, K + 1 alone for a model that only verifies (`decodes=False`).
+- oneDNN's product on the *unpacked* weight (`_linear_pointwise` with a plain tensor: no copy) is a third kernel.
+- One layout a weight, so the choice is plain (MKL or oneDNN on the unpacked weight, each row count its own) or
+  packed (for every row count). Which pays depends on the CPU, the weight and the row count, so `measure` times
+  all three on the real weight for 1 row and for K + 1 = `VERIFY_ROWS` rows, alternating, the best of `REPS`
+  each (minima: a neighbour's load only ever adds time). `fastest_layout` takes the faster plain kernel for each
+  row count, then the layout whose worst slowdown against the fastest kernel of each count is least: over 1 and
+  K + 1 rows by default, K + 1 alone for a model that only verifies (`decodes=False`). A product's time is then
+  within that factor of the best kernel's whatever the mix of decode steps and verifies.
   Figures: scripts/benchmark.md; why: gemma4/fast/README.md.
 
 Shape legend: N rows (tokens), I in features, O out features.
@@ -22,9 +24,10 @@ from typing import NamedTuple
 import torch
 
 VERIFY_ROWS = 5  # K + 1 for the default K = 4: the rows of a verify the packing decision is timed for
-REPS = 5  # timings of each of the five (product, rows) pairs; the minimum of each counts
-REP_BUDGET_S = 0.1  # fewer repetitions (at least 3) where 5 x REPS products would take longer: large weights
+REPS = 5  # timings of each of the six (kernel, rows) pairs; the minimum of each counts
+REP_BUDGET_S = 0.1  # fewer repetitions (at least 3) where 6 x REPS products would take longer: large weights
 NO_KERNEL = "no oneDNN kernel for this device or dtype"
+KERNELS = ("mkl", "onednn", "packed")  # torch.matmul, oneDNN on the plain weight, oneDNN on its packed copy
 ROWS_HINT = 8  # the row count oneDNN picks its layout for: verifies multiply 2-9 rows, a decode step 1
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
@@ -40,24 +43,23 @@ def packable(weight: torch.Tensor) -> bool:
 
 
 class Product:
-    """One weight (O, I), or several stacked by rows, prepared once for inference: plain (its transpose, a
-    view) or packed (oneDNN's opaque copy). `onednn_rows` (plain only; 0: never): inputs of at least that many
-    rows go to oneDNN's product on the same unpacked weight, fewer stay with `torch.matmul`."""
+    """One weight (O, I), or several stacked by rows, prepared once for inference in one layout: plain (the weight
+    and its transpose, views) or packed (oneDNN's opaque copy). `onednn` is the kernel per row count: for 1 row
+    and for 2 or more, oneDNN's `_linear_pointwise` (True) or MKL's `torch.matmul` (False; plain only)."""
 
     def __init__(self, weight: torch.Tensor, packed: bool, blocked: torch.Tensor | None = None,
-                 onednn_rows: int = 0, choice: "Choice | None" = None) -> None:
+                 onednn: tuple[bool, bool] = (False, False), choice: "Choice | None" = None) -> None:
         self.choice = choice  # the decision it was made by, for reports
         self.shape, self.dtype, self.packed = tuple(weight.shape), weight.dtype, packed  # (O, I)
-        self.onednn_rows = 0 if packed else onednn_rows
-        # Packed: the opaque layout (no views, no autograd, no storage). Plain: the (I, O) transpose, a view.
-        self.operand = (blocked if blocked is not None else block(weight)) if packed else weight.t()
+        self.onednn = (True, True) if packed else onednn  # (1 row, 2 or more rows)
+        # oneDNN's operand. Packed: the opaque layout (no views, no autograd, no storage). Plain: the weight (O, I).
+        self.weight = (blocked if blocked is not None else block(weight)) if packed else weight
+        self.operand = self.weight if packed else weight.t()  # MKL's: the (I, O) transpose, a view
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., I) -> (..., O)."""
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.operand, None, "none", [], "")
-        if self.onednn_rows and x.numel() >= self.onednn_rows * x.shape[-1]:  # many rows: the weight (O, I) as it is
-            return torch.ops.mkldnn._linear_pointwise(x, self.operand.t(), None, "none", [], "")
+        if self.onednn[x.numel() > x.shape[-1]]:  # [0]: 1 row, a decode step; [1]: a verify or a prefill
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
         return torch.matmul(x, self.operand)  # (..., I) @ (I, O): one call from Python, folded into one mm
 
 
@@ -66,18 +68,39 @@ def block(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
 
 
-# ---------------------------------------------------------------- the packing decision
+# ---------------------------------------------------------------- the kernel decision
 
 class Choice(NamedTuple):
     """One (shape, dtype)'s decision, with what it was based on and what it cost the load."""
     shape: tuple[int, int]
     dtype: str
     packed: bool
-    plain_s: tuple[float, float] | None  # seconds of one product of 1 row and of VERIFY_ROWS rows; None: not timed
-    packed_s: tuple[float, float] | None
+    plain_s: tuple[float, float] | None  # seconds of one product of 1 row and of `rows` rows in the plain layout,
+    packed_s: tuple[float, float] | None  # by its faster kernel for each; packed; None: not timed
     cost_s: float  # time spent deciding, layout included
     why: str
-    onednn_rows: int = 0  # plain, with oneDNN's product on the unpacked weight from this many rows (0: never)
+    onednn_rows: int = 0  # the fewest rows a plain product sends to oneDNN on the unpacked weight (0: none)
+    kernels: tuple[str, str] = ("mkl", "mkl")  # the kernel for 1 row and for 2 or more, each of KERNELS
+    seconds: dict[str, tuple[float, float]] | None = None  # every kernel's seconds for 1 and `rows` rows
+    rows: int = VERIFY_ROWS  # the verify it was timed for: K + 1 rows
+
+    @property
+    def onednn(self) -> tuple[bool, bool]:
+        """`Product.onednn`: oneDNN's product for 1 row, for 2 or more."""
+        return self.kernels[0] != "mkl", self.kernels[1] != "mkl"
+
+
+def decided(shape: tuple[int, int], dtype: str, kernels: tuple[str, str], seconds: dict[str, tuple[float, float]]
+            | None, rows: int, cost_s: float, why: str) -> Choice:
+    """The Choice of `kernels` (1 row, 2 or more): packed for both, or plain with MKL or oneDNN for each."""
+    if kernels.count("packed") == 1 or not set(kernels) <= set(KERNELS):
+        raise ValueError(f"{kernels}: each of {KERNELS}, and one layout a weight: packed for every row count or none")
+    packed = kernels[0] == "packed"
+    plain_s = None if seconds is None else (min(seconds["mkl"][0], seconds["onednn"][0]),
+                                            min(seconds["mkl"][1], seconds["onednn"][1]))
+    onednn_rows = 1 if kernels[0] == "onednn" else 2 if kernels[1] == "onednn" else 0
+    return Choice(shape, dtype, packed, plain_s, None if seconds is None else seconds["packed"], cost_s, why,
+                  onednn_rows, kernels, seconds, rows)
 
 
 def _seconds(product: Product, x: torch.Tensor, repeat: int) -> float:
@@ -87,45 +110,53 @@ def _seconds(product: Product, x: torch.Tensor, repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
+def fastest_layout(seconds: dict[str, tuple[float, float]], decodes: bool) -> tuple[tuple[str, str], str]:
+    """The kernels (1 row, 2 or more) of the layout whose worst slowdown against the fastest kernel of each row count
+    is least: over 1 and K + 1 rows if the model decodes, K + 1 alone if it only verifies. Plain takes its faster
+    kernel for each count; a tie stays plain (no copy). Returns them and why, the slowdowns."""
+    fastest = [min(s[i] for s in seconds.values()) for i in (0, 1)]
+    plain = tuple(min(("mkl", "onednn"), key=lambda k: seconds[k][i]) for i in (0, 1))
+    slowdown = {ks: [seconds[k][i] / fastest[i] for i, k in enumerate(ks)] for ks in (plain, ("packed", "packed"))}
+    kernels = min(slowdown, key=lambda ks: max(slowdown[ks]) if decodes else slowdown[ks][1])
+    why = "; ".join(f"{'/'.join(dict.fromkeys(ks))} {s[0]:.2f}x / {s[1]:.2f}x" for ks, s in slowdown.items())
+    return kernels, f"time over the fastest kernel's for 1 / K + 1 rows: {why}"
+
+
 @torch.inference_mode()
 def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS, decodes: bool = True
             ) -> tuple[Choice, torch.Tensor | None]:
-    """Plain against packed on this weight (O, I) for 1 and `rows` rows, interleaved, best of `reps` each (fewer
-    for a weight whose product takes milliseconds): packed where faster for `rows` rows and, if the model
-    `decodes` (takes 1-row steps), for 1 row too. Returns the decision and the packed layout it timed."""
+    """Every kernel on this weight (O, I) for 1 and `rows` rows, interleaved, best of `reps` each (fewer for a
+    weight whose product takes milliseconds), and the layout `fastest_layout` picks on those times. Returns the
+    decision and the packed layout it timed, if packed."""
     start = time.perf_counter()
-    name = str(weight.dtype).removeprefix("torch.")
+    shape, name = tuple(weight.shape), str(weight.dtype).removeprefix("torch.")
     if not packable(weight):
-        return Choice(tuple(weight.shape), name, False, None, None, 0.0, NO_KERNEL), None
-    ways = {"plain": Product(weight, False), "packed": Product(weight, True),
-            "onednn": Product(weight, False, onednn_rows=rows)}  # its 1-row product is the plain one
+        return decided(shape, name, ("mkl", "mkl"), None, rows, 0.0, NO_KERNEL), None
+    ways = {"mkl": Product(weight, False), "onednn": Product(weight, False, onednn=(True, True)),
+            "packed": Product(weight, True)}
     xs = [torch.randn(n, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
           for n in (1, rows)]  # (1, I), (rows, I)
-    for product in ways.values():  # oneDNN creates its kernel on the first call; the plain path warms its caches
-        for x in xs:
-            product(x)
+    order = [(way, i) for way in ways for i in (0, 1)]
+    for way, i in order:  # oneDNN creates its kernel on the first call; the plain path warms its caches
+        ways[way](xs[i])
+    once = {(way, i): _seconds(ways[way], xs[i], 1) for way, i in order}
     # Repeat each product to about 0.2 ms, so that a small weight's few microseconds are above the timer's noise.
-    once = _seconds(ways["plain"], xs[0], 1)
-    repeat = max(1, min(64, int(2e-4 / max(once, 1e-7))))
-    reps = max(3, min(reps, int(REP_BUDGET_S / (5 * once))))  # E2B's largest weights: a few ms a product
-    order = [("plain", 0), ("plain", 1), ("onednn", 1), ("packed", 0), ("packed", 1)]
+    repeat = {key: max(1, min(64, int(2e-4 / max(t, 1e-7)))) for key, t in once.items()}
+    reps = max(3, min(reps, int(REP_BUDGET_S / sum(max(t, 2e-4) for t in once.values()))))  # E2B's largest: ms each
     best = {key: float("inf") for key in order}
     for rep in range(reps):
         for way, i in order if rep % 2 == 0 else reversed(order):
-            best[way, i] = min(best[way, i], _seconds(ways[way], xs[i], repeat))
-    onednn_rows = rows if best["onednn", 1] < best["plain", 1] else 0
-    plain = (best["plain", 0], min(best["plain", 1], best["onednn", 1]))  # the better plain kernel for many rows
-    packed = (best["packed", 0], best["packed", 1])
-    faster = packed[1] < plain[1] and (packed[0] < plain[0] or not decodes)
-    why = (f"packed takes {packed[0] / plain[0]:.2f}x / {packed[1] / plain[1]:.2f}x the plain time for 1 / {rows} "
-           f"rows; oneDNN on the unpacked weight {best['onednn', 1] / best['plain', 1]:.2f}x torch.matmul's for {rows}")
-    blocked = ways["packed"].operand if faster else None
-    return Choice(tuple(weight.shape), name, faster, plain, packed, time.perf_counter() - start, why,
-                  0 if faster else onednn_rows), blocked
+            best[way, i] = min(best[way, i], _seconds(ways[way], xs[i], repeat[way, i]))
+    seconds = {way: (best[way, 0], best[way, 1]) for way in ways}
+    kernels, why = fastest_layout(seconds, decodes)
+    blocked = ways["packed"].weight if kernels[0] == "packed" else None
+    return decided(shape, name, kernels, seconds, rows, time.perf_counter() - start, why), blocked
 
 
-def forced(weight: torch.Tensor, pack: bool) -> Choice:
-    """A decision taken without timing: `pack` where a packed copy is possible (tests force both branches)."""
-    packed = pack and packable(weight)
-    return Choice(tuple(weight.shape), str(weight.dtype).removeprefix("torch."), packed, None, None, 0.0,
-                  "forced" if packable(weight) else NO_KERNEL)
+def forced(weight: torch.Tensor, kernels: tuple[str, str]) -> Choice:
+    """A decision taken without timing: `kernels` (1 row, 2 or more) where oneDNN can, else MKL's (tests force
+    every choice)."""
+    shape, name = tuple(weight.shape), str(weight.dtype).removeprefix("torch.")
+    if not packable(weight):
+        return decided(shape, name, ("mkl", "mkl"), None, VERIFY_ROWS, 0.0, NO_KERNEL)
+    return decided(shape, name, kernels, None, VERIFY_ROWS, 0.0, "forced")
