@@ -45,7 +45,7 @@ def packable(weight: torch.Tensor) -> bool:
 class Product:
     """One weight (O, I), or several stacked by rows, prepared once for inference in one layout: plain (the weight
     and its transpose, views) or packed (oneDNN's opaque copy). `onednn` is the kernel per row count: for 1 row
-    and for 2 or more, oneDNN's `_linear_pointwise` (True) or MKL's `torch.matmul` (False; plain only)."""
+    and for 2 or more, oneDNN's `_linear_pointwise` (True) or `torch.matmul` (False: MKL on a CPU; plain only)."""
 
     def __init__(self, weight: torch.Tensor, packed: bool, blocked: torch.Tensor | None = None,
                  onednn: tuple[bool, bool] = (False, False), choice: "Choice | None" = None) -> None:
