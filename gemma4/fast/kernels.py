@@ -51,6 +51,7 @@ class Product:
                  onednn: tuple[bool, bool] = (False, False), choice: "Choice | None" = None) -> None:
         self.choice = choice  # the decision it was made by, for reports
         self.shape, self.dtype, self.packed = tuple(weight.shape), weight.dtype, packed  # (O, I)
+        self.in_features = weight.shape[1]  # I: more input numbers than that is more than 1 row
         self.onednn = (True, True) if packed else onednn  # (1 row, 2 or more rows)
         # oneDNN's operand. Packed: the opaque layout (no views, no autograd, no storage). Plain: the weight (O, I).
         self.weight = (blocked if blocked is not None else block(weight)) if packed else weight
@@ -58,7 +59,7 @@ class Product:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., I) -> (..., O)."""
-        if self.onednn[x.numel() > x.shape[-1]]:  # [0]: 1 row, a decode step; [1]: a verify or a prefill
+        if self.onednn[x.numel() > self.in_features]:  # [0]: 1 row, a decode step; [1]: a verify or a prefill
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
         return torch.matmul(x, self.operand)  # (..., I) @ (I, O): one call from Python, folded into one mm
 
