@@ -1,0 +1,283 @@
+"""Static-shape steps for `torch.compile`: a cache written at device positions, masks over every slot, and the
+decode, verify and draft steps as functions of fixed shapes (gpt-fast's design). The loops of gemma4/generate.py
+and mtp/speculative.py run them unchanged: `StaticTarget` and `StaticDrafter` stand in for the model and the
+drafter, and the caller passes a `StaticKVCache` (`cache=`).
+
+Facts a reader must know:
+- Every step sees the whole cache: K/V buffers (B, K, S, D) with S = capacity, written with `index_copy_` at the
+  step's positions, a (T,) device tensor, never sliced by a Python int. The mask hides what a query must not see
+  (keys past its position, and outside the window on sliding layers): stale slots and unwritten zeros get weight
+  0. key_start is 0, so a layer's `k[:, :, 0:]` is the whole buffer.
+- The steps call the model's own layers, final norm and head (fast modules included) and build what
+  `Gemma4Model.run` builds around them (embedding, Per-Layer Embeddings, RoPE, masks) from the device positions.
+- One graph per row count: T = 1 decodes, T = K + 1 verifies; the drafter's step is one graph. A prefill
+  (`num_logits` given) runs the same function eagerly: its length changes every call.
+- Outside the graph: the PLE table's rows (the table stays in host memory: rows are looked up from the host ids
+  and passed in), the cache's bounds checks, moving the positions to the device, choosing tokens.
+- The embedding scales are Python floats made once here: inside a graph, `embed_scale`'s `float(tensor)` would
+  end it (Dynamo traces through its lru_cache). The numbers are `Gemma4Model.embed`'s.
+- CUDA: `mode="reduce-overhead"` (CUDA graphs). The cache buffers are marked static, so a graph writes them in
+  place; a step's outputs live in the graphs' memory until the next replay, so they are cloned out.
+
+Shape legend: B batch (1), T new tokens, S cache capacity, K kv heads, D head dim, E hidden, V vocab,
+L layers, P PLE width.
+"""
+
+import warnings
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gemma4.cache import KVCache
+from gemma4.config import FULL, SLIDING, TextConfig
+from gemma4.fast.kernels import Product
+from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
+from gemma4.model import (
+    Gemma4Model, LayerInputs, ModelOutput, additive_mask, attention_mask, embed_scale, rope_cos_sin, rope_frequencies,
+)
+
+if TYPE_CHECKING:  # gemma4 never imports mtp at run time: the drafter is only named here
+    from mtp.drafter import Drafter
+
+GRAPHS = 64  # graphs one step function may hold: a row count each (Dynamo's own limit is 8)
+
+
+class StaticKVCache(KVCache):
+    """A KVCache whose buffers hold every position from the start, written at device positions. `length` stays the
+    loop's int: the loop owns the position and rolls back by setting it."""
+
+    def __init__(self, config: TextConfig, capacity: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__(config, capacity, batch=1, dtype=dtype, device=device)
+        for buffers in (self.keys, self.values):
+            for buffer in buffers.values():
+                torch._dynamo.mark_static_address(buffer)  # CUDA graphs write it in place, never copy it in
+
+    def check(self, start: int, t: int) -> None:
+        """KVCache.write's checks, on the host: a graph cannot raise, and a write past the end is a device fault."""
+        if start > self.length:
+            raise ValueError(f"write at position {start} would leave a hole: only {self.length} positions are valid")
+        if start + t > self.capacity:
+            raise ValueError(f"the static KV cache holds {self.capacity} positions; position {start + t - 1} does "
+                             f"not fit")
+
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, K, T, D) at positions (T,); return the whole buffers (B, K, S, D)."""
+        self.keys[layer].index_copy_(2, positions, k)
+        self.values[layer].index_copy_(2, positions, v)
+        return self.keys[layer], self.values[layer]
+
+    def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole buffers (B, K, S, D): the reader's mask hides positions >= end."""
+        return self.keys[layer], self.values[layer]
+
+
+def static_inputs(c: TextConfig, positions: torch.Tensor, num_keys: int, dtype: torch.dtype,
+                  freqs: dict[str, torch.Tensor], shift: int = 0) -> dict[str, LayerInputs]:
+    """`layer_inputs` over all num_keys slots: RoPE at positions (T,), masks (T, S) from positions alone, key_start 0.
+    shift 1 is the drafter's (its query at t sees keys 0..t-1, its sliding layers W_d + 1 of them: mtp §5)."""
+    keys = torch.arange(num_keys, device=positions.device)  # (S,)
+    out = {}
+    for kind, f in freqs.items():
+        window = c.sliding_window + shift if kind == SLIDING else None
+        mask = additive_mask(attention_mask(positions - shift, keys, window), dtype)  # (T, S)
+        cos, sin = rope_cos_sin(positions, f, dtype)  # (T, 1, D) each
+        out[kind] = LayerInputs(cos, sin, mask, key_start=0)
+    return out
+
+
+def frequencies(c: TextConfig, device: torch.device) -> dict[str, torch.Tensor]:
+    """Layer type -> RoPE frequencies (D/2,), made once, outside any graph."""
+    return {kind: rope_frequencies(c.rope[kind], c.head_dims[c.layer_types.index(kind)], device)
+            for kind in dict.fromkeys(c.layer_types)}
+
+
+def plain_products(model: nn.Module, head: torch.Tensor) -> None:
+    """Make every oneDNN-packed product of a fast model plain again, from the parameters it was packed from (`head`:
+    the tied head's embedding): inductor lowers oneDNN's product only on weights it packed itself, and fails on an
+    opaque one given to it. The same numbers, summed in another order (gemma4/fast/README.md)."""
+    for module in model.modules():
+        if isinstance(module, StackedAttention):
+            name = "qkv"
+            weights = [module.q_proj.weight, module.k_proj.weight] + ([module.v_proj.weight] if module.has_v_proj else [])
+        elif isinstance(module, StackedMLP):
+            name, weights = "gate_up", [module.gate_proj.weight, module.up_proj.weight]
+        elif isinstance(module, (FastLinear, FastHead)):
+            name, weights = "product", [module.weight if isinstance(module, FastLinear) else head]
+        else:
+            continue
+        packed = getattr(module, name)
+        if packed.packed:  # a packed weight's parameters may still be the file's dtype: cast to the product's
+            stacked = torch.cat(weights) if len(weights) > 1 else weights[0]  # (O1 + O2 + .., I)
+            setattr(module, name, Product(stacked.to(packed.dtype), False, choice=packed.choice))
+
+
+def compiled(fn, device: torch.device):  # noqa: ANN001, ANN201 (a function and its compiled form)
+    """One graph per input shape, or an error: no graph breaks, no dynamic shapes. CUDA graphs on CUDA."""
+    return torch.compile(fn, fullgraph=True, dynamic=False, mode="reduce-overhead" if device.type == "cuda" else None)
+
+
+def call(step, cudagraphs: bool, *args) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
+    """Run a step; with CUDA graphs, start a new replay step and clone its outputs out of the graphs' memory."""
+    if cudagraphs:
+        torch.compiler.cudagraph_mark_step_begin()
+    with torch._dynamo.config.patch(recompile_limit=GRAPHS), warnings.catch_warnings():
+        # Dynamo warns that it traces through rms_norm's lru_cache: it makes the eps tensor in the graph, as wanted.
+        warnings.filterwarnings("ignore", "Dynamo detected a call to a `functools.lru_cache`", UserWarning)
+        out = step(*args)
+    return tuple(x.clone() for x in out) if cudagraphs else out
+
+
+class StaticTarget:
+    """The target as the loops and `prefill` use it (`config`, `embed_tokens`, `embed`, `logits`, `run`), run
+    through static-shape steps on a `StaticKVCache`. `compiled_rows`: the row counts whose step is compiled
+    (1 decodes, K + 1 verifies K drafts); any other count runs the same step eagerly (a prefill, a round the budget
+    cuts short), so no compile happens in the middle of a run."""
+
+    def __init__(self, model: Gemma4Model, compiled_rows: Collection[int] = ()) -> None:
+        c = model.config
+        if compiled_rows and c.enable_moe:
+            raise ValueError("the MoE block loops over the experts the router chose (`Experts.forward`): a step that "
+                             "depends on the data has no static graph; run this model eager")
+        self.model, self.config = model, c
+        self.embed_tokens, self.logits = model.embed_tokens, model.logits  # the loops read the weight's device, dtype
+        w = model.embed_tokens.weight
+        self.device, self.dtype = w.device, w.dtype
+        self.scale = embed_scale(c.hidden_size, w.dtype)
+        self.ple_scale = embed_scale(c.ple_dim, w.dtype) if c.ple_dim else 1.0
+        self.freqs = frequencies(c, self.device)
+        self.compiled_rows = frozenset(compiled_rows)
+        self.cudagraphs = bool(compiled_rows) and self.device.type == "cuda"
+        if compiled_rows:
+            plain_products(model, model.embed_tokens.weight)
+        self.step = compiled(self.forward, self.device) if compiled_rows else self.forward
+        self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # T -> arange, positions, ids
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) -> (B, T, E): Gemma4Model.embed, its scale a float made once."""
+        return F.embedding(ids, self.embed_tokens.weight) * self.scale
+
+    def per_layer_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Host ids (B, T) -> the PLE table's rows (B, T, L*P) on the device: the lookup stays in host memory."""
+        table = self.model.embed_tokens_per_layer.weight
+        return F.embedding(ids.to(table.device), table).to(self.device, self.dtype)
+
+    def per_layer_inputs(self, rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """The rest of Gemma4Model.per_layer_inputs (§12): rows (B, T, L*P), x0 (B, T, E) -> (B, T, L, P)."""
+        m, c = self.model, self.config
+        ctx = m.per_layer_model_projection(x0) * c.hidden_size**-0.5  # (B, T, L*P)
+        ctx = m.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
+        return (ctx + (rows * self.ple_scale).unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None, cache: StaticKVCache,
+                num_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids (B, T) on the device at positions (T,) -> logits (B, n, V) of the last n, hidden (B, T, E).
+        Gemma4Model.run's loop over the layers, with K/V written at `positions` and masks over every slot."""
+        c = self.config
+        x = self.embed(ids)  # (B, T, E)
+        ples = [None] * c.num_layers if rows is None else self.per_layer_inputs(rows, x).unbind(dim=2)  # L x (B, T, P)
+        inputs = static_inputs(c, positions, cache.capacity, x.dtype, self.freqs)
+        source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
+        h = x
+        for layer, ple in zip(self.model.layers, ples):
+            shared = source_kv[layer.kind] if layer.shared else None
+            h, kv = layer(h, inputs[layer.kind], ple, cache, positions, shared)
+            if not layer.shared:
+                source_kv[layer.kind] = kv
+        hidden = self.model.norm(h)  # (B, T, E)
+        return self.model.logits(hidden[:, hidden.shape[1] - num_logits:]), hidden  # (B, n, V)
+
+    def upload(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host ids (1, T) and start -> the step's ids (1, T) and positions start..start+T-1 (T,), written into the
+        same device tensors every call of T rows (the positions by one kernel, not a copy from the host)."""
+        t = ids.shape[1]
+        if t not in self.inputs:
+            self.inputs[t] = (torch.arange(t, device=self.device), torch.empty(t, dtype=torch.long, device=self.device),
+                              torch.empty(1, t, dtype=torch.long, device=self.device))
+        steps, positions, device_ids = self.inputs[t]
+        return device_ids.copy_(ids), torch.add(steps, start, out=positions)
+
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor, cache: KVCache, start_pos: int | torch.Tensor = 0,
+            num_logits: int | None = None) -> ModelOutput:
+        """Gemma4Model.run on a StaticKVCache: host ids (B, T) at start_pos..start_pos+T-1. `num_logits` None (a
+        decode step or a verify): the step of T rows, compiled if asked; given (a prefill): the same step, eager.
+        `shared_kv` holds the source layers' whole buffers."""
+        c = self.config
+        if not isinstance(cache, StaticKVCache):
+            raise ValueError("a static target runs on a StaticKVCache: pass cache=StaticKVCache(...)")
+        if not isinstance(start_pos, int) or input_ids.shape[0] != 1:
+            raise ValueError("a static target runs one row at one position")
+        t = input_ids.shape[1]
+        cache.check(start_pos, t)
+        rows = self.per_layer_rows(input_ids) if c.ple_dim else None
+        args = (*self.upload(input_ids, start_pos), rows, cache)
+        if num_logits is None and t in self.compiled_rows:
+            logits, hidden = call(self.step, self.cudagraphs, *args, t)
+        else:
+            logits, hidden = self.forward(*args, t if num_logits is None else num_logits)
+        kv = {kind: cache.read(c.kv_source(kind), start_pos + t) for kind in self.freqs}
+        return ModelOutput(logits, hidden, kv)
+
+    def warm_up(self, cache: StaticKVCache) -> None:
+        """Compile (and, on CUDA, record) the step of each compiled row count now, on cache slots 0..T-1: they are
+        stale until the next prefill overwrites them (the cache's length is not moved)."""
+        for t in sorted(self.compiled_rows):
+            for _ in range(3 if self.cudagraphs else 1):  # CUDA graphs record on the third call
+                self.run(torch.zeros(1, t, dtype=torch.long), cache, 0)
+
+
+class StaticDrafter:
+    """The drafter as the speculative loop uses it (`propose`), its greedy step static-shape over the target's whole
+    K/V buffers; `compile=True` compiles it. Sampled drafting runs `Drafter.propose` itself on views of keys
+    0..t-1 (eager: it warps a full-vocabulary row per draft anyway)."""
+
+    def __init__(self, drafter: "Drafter", compile: bool = False) -> None:
+        self.drafter, self.config = drafter, drafter.config
+        w = drafter.pre_projection.weight
+        self.device = w.device
+        self.freqs = frequencies(drafter.config.text, self.device)
+        self.cudagraphs = compile and self.device.type == "cuda"
+        if compile:
+            plain_products(drafter, drafter.model.embed_tokens.weight)
+        self.step = compiled(self.forward, self.device) if compile else self.forward
+        self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # position, token, hidden
+
+    def forward(self, target: StaticTarget, token: torch.Tensor, hidden: torch.Tensor, position: torch.Tensor,
+                shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One greedy draft step (mtp §4): token (1, 1), hidden (1, 1, E) at position (1,) over the target's buffers
+        (1, K, S, D) -> the drafted token (1, 1) and the next hidden (1, 1, E)."""
+        num_keys = shared_kv[FULL][0].shape[2]
+        inputs = static_inputs(self.config.text, position, num_keys, hidden.dtype, self.freqs, shift=1)
+        hn, h = self.drafter.step(target.embed(token), hidden, inputs, shared_kv)  # (1, 1, D), (1, 1, E)
+        return self.drafter.greedy_token(hn[:, 0])[:, None], h
+
+    @torch.inference_mode()
+    def propose(self, target: StaticTarget, token: int, hidden: torch.Tensor, t: int,
+                shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: object = None,
+                ) -> tuple[list[int], torch.Tensor | None]:
+        """Drafter.propose with the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides keys >= t."""
+        if sampler is not None:
+            views = {kind: (key[:, :, :t], value[:, :, :t]) for kind, (key, value) in shared_kv.items()}
+            return self.drafter.propose(target, token, hidden, t, views, k, sampler)
+        if self.inputs is None:  # the same device tensors every round: (1,), (1, 1), (1, 1, E)
+            self.inputs = (torch.empty(1, dtype=torch.long, device=self.device),
+                           torch.empty(1, 1, dtype=torch.long, device=self.device),
+                           torch.empty(1, 1, hidden.shape[-1], dtype=hidden.dtype, device=self.device))
+        position, ids, h = self.inputs[0].fill_(t), self.inputs[1].fill_(token), self.inputs[2].copy_(hidden)
+        drafted = []  # on the device: the host reads them once, below
+        for _ in range(k):
+            ids, h = call(self.step, self.cudagraphs, target, ids, h, position, shared_kv)
+            drafted.append(ids)
+        return (torch.cat(drafted, dim=1)[0].tolist() if drafted else []), None  # (k,)
+
+    def warm_up(self, target: StaticTarget, cache: StaticKVCache) -> None:
+        """Compile (and record) the draft step now, reading slot 0 of the cache."""
+        c = target.config
+        kv = {kind: cache.read(c.kv_source(kind), 1) for kind in (SLIDING, FULL)}
+        hidden = torch.zeros(c.hidden_size, dtype=target.dtype, device=target.device)
+        self.propose(target, 0, hidden, 1, kv, 3 if self.cudagraphs else 1)

@@ -1,0 +1,147 @@
+"""The static-shape steps (gemma4/fast/static.py) give the textbook loops' tokens, eagerly and compiled, and Dynamo
+captures the decode, verify and draft steps whole.
+
+- Eager: plain greedy and keyed sampling, speculative greedy, argmax-drafted keyed sampling and sample drafting,
+  K = 1 and 4, on the three tiny shapes (tests/pairs.py: the echo drafter, partly right), a prompt past both
+  windows; and a conversation whose turns reuse a static cache.
+- Capture: `torch._dynamo.explain` traces without compiling (seconds): no graph break in the decode step (T = 1),
+  a verify of K + 1 = 5 rows and the draft step, on e2b (PLE, KV sharing, centroid head) and dense (K=V), from a
+  fast model loaded plain and one loaded oneDNN-packed (which a compiled step makes plain: inductor packs its
+  own). MoE's expert loop depends on the data: refused.
+- Compiled: one shape, few tokens. Inductor builds three graphs (T = 1, T = 2, the draft step): about two minutes on
+  a 2-core CPU with a cold cache (~/tmp/torchinductor_$USER), seconds once cached.
+"""
+
+import pytest
+import torch
+
+from gemma4 import KVCache, SamplerConfig, greedy_generate, load_target, sample_generate
+from gemma4.fast import make_fast, products
+from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
+from gemma4.weights import file_reader
+from mtp import Conversation, DraftLength, load_drafter, speculative_generate
+from mtp.speculative import target_kv
+from tests.checkpoints import SHAPES, STOP_IDS, write_assistant, write_target
+from tests.pairs import prompt
+from tests.tokenizer_fixture import write_tokenizer
+
+N = 20  # new tokens: the long prompt (21) and these cross the target's window (8) and the drafter's (6)
+SAMPLER = SamplerConfig(temperature=0.9, top_k=40, seed=5)
+
+
+def static(target, drafter, n: int = N, compiled_rows: tuple[int, ...] = (), compile: bool = False):  # noqa: ANN001, ANN201
+    cache = StaticKVCache(target.config, len(prompt("long")) + n)
+    return StaticTarget(target, compiled_rows), StaticDrafter(drafter, compile), cache
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_plain_equals_textbook(models, shape: str) -> None:  # noqa: ANN001
+    target, drafter = models[shape, "echo"]
+    st, _, cache = static(target, drafter)
+    ids = prompt("long")
+    assert sample_generate(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)
+    assert sample_generate(st, ids, N, SAMPLER, cache=cache) == sample_generate(target, ids, N, SAMPLER)
+
+
+@pytest.mark.parametrize("drafting", ["greedy", "argmax", "sample"])
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_speculative_equals_textbook(models, shape: str, k: int, drafting: str) -> None:  # noqa: ANN001
+    target, drafter = models[shape, "echo"]
+    st, sd, cache = static(target, drafter)
+    ids = prompt("long")
+    sampler, how = (None, "argmax") if drafting == "greedy" else (SAMPLER, drafting)
+    ours = speculative_generate(st, sd, ids, N, DraftLength(k), sampler=sampler, drafting=how, cache=cache)
+    textbook = speculative_generate(target, drafter, ids, N, DraftLength(k), sampler=sampler, drafting=how)
+    assert ours.tokens == textbook.tokens
+    assert [r.drafted for r in ours.stats.rounds] == [r.drafted for r in textbook.stats.rounds]
+    if drafting != "sample":  # greedy and argmax drafting: plain decoding's tokens
+        assert ours.tokens == (greedy_generate(target, ids, N) if sampler is None else
+                               sample_generate(target, ids, N, sampler))
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_conversation_on_a_static_cache(models, tmp_path, speculative: bool) -> None:  # noqa: ANN001
+    """Turns reuse the cache's prefix (prefill from `reuse`): the same replies as on the textbook's cache."""
+    from gemma4 import Gemma4Tokenizer
+    tokenizer = Gemma4Tokenizer(write_tokenizer(tmp_path))
+    target, drafter = models["e2b", "echo"]
+    st, sd, _ = static(target, drafter)
+    ours = Conversation(st, tokenizer, sd if speculative else None, stop_ids=STOP_IDS)
+    ours.cache = StaticKVCache(target.config, target.config.max_position_embeddings)
+    textbook = Conversation(target, tokenizer, drafter if speculative else None, stop_ids=STOP_IDS)
+    for text in ["Hello there, who are you?", "Tell me a story about a cat.", "Why?"]:
+        mine, theirs = ours.say(text, 8, SAMPLER, DraftLength(3)), textbook.say(text, 8, SAMPLER, DraftLength(3))
+        assert (mine.tokens, mine.reused) == (theirs.tokens, theirs.reused)
+
+
+def test_the_cache_writes_at_device_positions_and_reads_whole_buffers(models) -> None:  # noqa: ANN001
+    target, _ = models["e2b", "echo"]
+    cache = StaticKVCache(target.config, 16)
+    k, v = torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16)  # (B, K, T, D)
+    keys, values = cache.write(0, torch.tensor([4, 5, 6]), k, v)
+    assert keys.shape == (1, 1, 16, 16) and keys.data_ptr() == cache.keys[0].data_ptr()
+    assert torch.equal(keys[:, :, 4:7], k) and torch.equal(values[:, :, 4:7], v) and not keys[:, :, :4].any()
+    assert cache.read(0, 5)[0].shape == (1, 1, 16, 16)  # whole: the reader's mask hides 5..15
+    cache.length = 4
+    cache.check(4, 12)
+    with pytest.raises(ValueError, match="hole"):
+        cache.check(5, 1)
+    with pytest.raises(ValueError, match="holds 16 positions"):
+        cache.check(4, 13)
+
+
+def test_what_a_static_target_refuses(models) -> None:  # noqa: ANN001
+    target, drafter = models["e2b", "echo"]
+    st, _, _ = static(target, drafter)
+    with pytest.raises(ValueError, match="StaticKVCache"):
+        st.run(torch.tensor([[2, 5]]), KVCache(target.config, 8), 0)
+    with pytest.raises(ValueError, match="one row"):
+        st.run(torch.tensor([[2], [5]]), StaticKVCache(target.config, 8), 0)
+    with pytest.raises(ValueError, match="MoE"):
+        StaticTarget(models["moe", "echo"][0], compiled_rows=(1,))
+    StaticTarget(models["moe", "echo"][0])  # eager runs it (test_plain_equals_textbook)
+
+
+def step_arguments(st: StaticTarget, cache: StaticKVCache, t: int) -> tuple:
+    ids = torch.zeros(1, t, dtype=torch.long)
+    rows = st.per_layer_rows(ids) if st.config.ple_dim else None
+    return (*st.upload(ids, 0), rows, cache, t)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("shape", ["e2b", "dense"])
+def test_steps_have_no_graph_break(tmp_path, shape: str, pack: bool) -> None:  # noqa: ANN001
+    target_dir = write_target(tmp_path / "target", shape, multimodal=False)
+    assistant_dir = write_assistant(tmp_path / "assistant", target_dir, ordered_embeddings=shape == "e2b")
+    target, drafter = load_target(target_dir, fast=False), load_drafter(assistant_dir, fast=False)
+    make_fast(target, file_reader(target_dir, "model."), ("head", "embed_tokens.weight"), pack=pack)
+    head = None if drafter.config.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
+    make_fast(drafter, file_reader(assistant_dir, ""), head, pack=pack)
+    st, sd = StaticTarget(target, compiled_rows=(1, 5)), StaticDrafter(drafter, compile=True)  # nothing compiled yet
+    assert not any(product.packed for product in products(target) + products(drafter))  # inductor packs its own
+    cache = StaticKVCache(target.config, 32)
+    with torch.inference_mode():
+        for t in (1, 5):  # a decode step, a verify of K = 4 drafts
+            explained = torch._dynamo.explain(st.forward)(*step_arguments(st, cache, t))
+            assert explained.graph_break_count == 0, explained.break_reasons
+            assert explained.graph_count == 1
+        token, hidden = torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, target.config.hidden_size)
+        explained = torch._dynamo.explain(sd.forward)(st, token, hidden, torch.tensor([3]), target_kv(cache, st, 3))
+        assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+def test_compiled_equals_eager(models) -> None:  # noqa: ANN001
+    """Plain greedy through the compiled decode step; speculative greedy (K = 1) through the compiled verify of 2
+    rows and the compiled draft step. A round the budget cuts to K = 0 decodes with the compiled T = 1 step."""
+    target, drafter = models["e2b", "echo"]
+    ids, n = prompt("long"), 8
+    st, sd, cache = static(target, drafter, n, compiled_rows=(1, 2), compile=True)
+    st.warm_up(cache)
+    sd.warm_up(st, cache)
+    eager_target, eager_drafter, _ = static(target, drafter, n)
+    assert sample_generate(st, ids, n, SamplerConfig(0.0), cache=cache) == \
+        sample_generate(eager_target, ids, n, SamplerConfig(0.0), cache=cache)
+    spec = speculative_generate(st, sd, ids, n, DraftLength(1), cache=cache)
+    assert spec.tokens == speculative_generate(eager_target, eager_drafter, ids, n, DraftLength(1), cache=cache).tokens
+    assert spec.tokens == greedy_generate(target, ids, n)
