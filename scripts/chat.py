@@ -32,8 +32,8 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
 
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
-        UsageError, add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
-        sampling_line,
+        UsageError, add_model_options, check_values, compile_steps, guarded, load_assistant_from, load_target_from,
+        refuse, sampling_line,
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
@@ -200,13 +200,21 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     say(sampling_line(target, assistant))
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
     say(chat_line(target, system, think, max_new_tokens))
+    # --compile: the compiled steps on a static cache that holds the whole context
+    context = target.model.config.max_position_embeddings
+    compiled = compile_steps(target, assistant, context, say) if flags.compile else None
     prompt = not json_output and source.isatty()
     if prompt:
         say(HELP)
     sinks = text_sinks(flags.show_drafts, json_output, say)
     say("")
 
-    conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think, target.stops)
+    if compiled:
+        conversation = Conversation(compiled.target, tokenizer, compiled.drafter, system, think, target.stops)
+        conversation.cache = compiled.cache
+    else:
+        conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think,
+                                    target.stops)
     session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say)
     with torch.inference_mode():  # one tiny forward, so that one-time start-up costs are not charged to turn 1
         target.model.run(torch.tensor([[BOS_ID]], device=dev))

@@ -27,7 +27,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.batch import run_batch, split_prompts
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
-        add_model_options, check_values, guarded, load_assistant_from, load_target_from, refuse,
+        add_model_options, check_values, compile_steps, guarded, load_assistant_from, load_target_from, refuse,
         sampling_line,
     )
     from cli.report import stats_json, stats_text
@@ -69,6 +69,9 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         refuse("--compare", "it compares speculative with plain decoding, and --no-assistant is plain already")
     if flags.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
+    if flags.compile and batch:
+        raise UsageError("--compile runs one prompt (its steps are static-shape graphs of one row): give one prompt, "
+                         "or drop --compile for a batch")
     say = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
 
     # Target, tokenizer and prompt first: a bad prompt fails before the assistant is fetched.
@@ -116,6 +119,10 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         say(totals)
         return 0
 
+    # --compile: the same loops on the compiled static-shape steps and a cache of the prompt and the budget.
+    compiled = compile_steps(target, assistant, len(prompt_ids) + max_new_tokens, say) if flags.compile else None
+    model = compiled.target if compiled else target.model
+    drafter, cache = (compiled.drafter, compiled.cache) if compiled else (drafter, None)
     sinks = text_sinks(flags.show_drafts, json_output, say)
     if flags.show_drafts:
         say("")
@@ -127,12 +134,12 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     start = time.perf_counter()
     try:
         if drafter is not None:
-            spec = speculative_generate(target.model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
-                                        sampler, drafting, on_commit=stream.commit)
+            spec = speculative_generate(model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
+                                        sampler, drafting, on_commit=stream.commit, cache=cache)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         else:
-            tokens = sample_generate(target.model, prompt_ids, max_new_tokens, sampler, stops,
-                                     on_token=lambda t: stream.commit([t], [False]))
+            tokens = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops,
+                                     on_token=lambda t: stream.commit([t], [False]), cache=cache)
             stats, finish_reason = None, "stop" if tokens[-1] in stops else "length"
     except KeyboardInterrupt:
         stream.finish()
@@ -147,13 +154,15 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
               "stats": stats_json(stats, tokens, seconds, draft_length if drafter is not None else None),
               "sampling": {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
                            "seed": sampler.seed, "drafting": drafting}}
+    if compiled:
+        result["compile"] = {"warm_up_seconds": compiled.seconds}
 
     status = 0
     if compare:
         say(f"running plain {'greedy decoding' if sampler.greedy else 'sampling, same seed,'} for --compare ...")
         start = time.perf_counter()
         try:
-            plain = sample_generate(target.model, prompt_ids, max_new_tokens, sampler, stops)
+            plain = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops, cache=cache)
             plain_seconds = time.perf_counter() - start
             plain_rate = len(plain) / plain_seconds if plain_seconds else 0.0
             result["plain"] = {"tokens": plain, "seconds": plain_seconds, "tokens_per_second": plain_rate}

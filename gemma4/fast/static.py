@@ -97,23 +97,26 @@ def frequencies(c: TextConfig, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def plain_products(model: nn.Module, head: torch.Tensor) -> None:
-    """Make every oneDNN-packed product of a fast model plain again, from the parameters it was packed from (`head`:
-    the tied head's embedding): inductor lowers oneDNN's product only on weights it packed itself, and fails on an
-    opaque one given to it. The same numbers, summed in another order (gemma4/fast/README.md)."""
+    """Make every product of a fast model that calls oneDNN (a packed weight; or many rows on an unpacked one) a
+    plain `torch.matmul`, from the parameters a packed one was made of (`head`: the tied head's embedding): inductor
+    lowers oneDNN's product only on weights it packed itself, and fails on the op given to it. The same numbers,
+    summed in another order (gemma4/fast/README.md)."""
     for module in model.modules():
         if isinstance(module, StackedAttention):
-            name = "qkv"
-            weights = [module.q_proj.weight, module.k_proj.weight] + ([module.v_proj.weight] if module.has_v_proj else [])
+            name, weights = "qkv", [module.q_proj.weight, module.k_proj.weight]
+            weights += [module.v_proj.weight] if module.has_v_proj else []
         elif isinstance(module, StackedMLP):
             name, weights = "gate_up", [module.gate_proj.weight, module.up_proj.weight]
         elif isinstance(module, (FastLinear, FastHead)):
             name, weights = "product", [module.weight if isinstance(module, FastLinear) else head]
         else:
             continue
-        packed = getattr(module, name)
-        if packed.packed:  # a packed weight's parameters may still be the file's dtype: cast to the product's
+        product = getattr(module, name)
+        if product.packed:  # its parameters may still be the file's dtype: cast to the product's
             stacked = torch.cat(weights) if len(weights) > 1 else weights[0]  # (O1 + O2 + .., I)
-            setattr(module, name, Product(stacked.to(packed.dtype), False, choice=packed.choice))
+            setattr(module, name, Product(stacked.to(product.dtype), False, choice=product.choice))
+        elif product.onednn_rows:  # the same weight (O, I), every row count through torch.matmul
+            setattr(module, name, Product(product.operand.t(), False, choice=product.choice))
 
 
 def compiled(fn, device: torch.device):  # noqa: ANN001, ANN201 (a function and its compiled form)
@@ -260,7 +263,7 @@ class StaticDrafter:
     def propose(self, target: StaticTarget, token: int, hidden: torch.Tensor, t: int,
                 shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: object = None,
                 ) -> tuple[list[int], torch.Tensor | None]:
-        """Drafter.propose with the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides keys >= t."""
+        """Drafter.propose on the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides keys >= t."""
         if sampler is not None:
             views = {kind: (key[:, :, :t], value[:, :, :t]) for kind, (key, value) in shared_kv.items()}
             return self.drafter.propose(target, token, hidden, t, views, k, sampler)

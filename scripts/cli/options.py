@@ -23,6 +23,7 @@ with its sibling `assistant` (the demo's layout).
 import argparse
 import math
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import NoReturn
 import torch
 
 from gemma4.config_file import read_json
+from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, needs_empty_thought, stop_ids
@@ -86,6 +88,7 @@ class ModelFlags:
     seed: int | None
     drafting: str | None
     show_drafts: bool
+    compile: bool
 
     @classmethod
     def parsed(cls, args: argparse.Namespace) -> "ModelFlags":
@@ -128,6 +131,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafting", choices=DRAFTING,
                    help="sampling with an assistant: argmax drafts reproduce plain sampling token for token; "
                         "sample draws drafts from the drafter, exact in distribution (default: argmax)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the decode step, the verify of K + 1 rows and the draft step (torch.compile, static "
+                        "shapes, CUDA graphs on CUDA; other row counts and sample drafting run the same steps eager): "
+                        "minutes of warm-up first, the same tokens (default: eager)")
     p.add_argument("--show-drafts", action="store_true",
                    help="mark the drafter's accepted tokens in the streamed text (green on a terminal, "
                         "else between ⟦ and ⟧)")
@@ -303,6 +310,36 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
     # auto chooses K in 0..max_k: at least the default 8, or the K asked for
     length = DraftLength(k, schedule, max_k=max(MAX_K, k)) if schedule == "auto" else DraftLength(k, schedule)
     return Assistant(name, drafter, length, a.drafting or "argmax")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """--compile: the target and the drafter as compiled static-shape steps (gemma4/fast/static.py) on one cache."""
+    target: StaticTarget
+    drafter: StaticDrafter | None
+    cache: StaticKVCache
+    seconds: float  # the warm-up: every step compiled (and recorded, on CUDA) before the run
+
+
+def compile_steps(target: Target, assistant: Assistant | None, capacity: int, say: Callable[[str], None]) -> Compiled:
+    """Wrap the loaded pair, size the static cache to `capacity` positions, compile the steps the run takes: a decode
+    (1 row) and, with an assistant, a verify of its K + 1 rows and the draft step."""
+    model = target.model
+    k = assistant.draft_length.initial if assistant is not None else 0
+    rows = (1, k + 1) if k else (1,)
+    start = time.perf_counter()
+    static = StaticTarget(model, compiled_rows=rows)
+    drafter = StaticDrafter(assistant.drafter, compile=True) if assistant is not None else None
+    w = model.embed_tokens.weight
+    cache = StaticKVCache(model.config, capacity, w.dtype, w.device)
+    static.warm_up(cache)
+    if drafter is not None:
+        drafter.warm_up(static, cache)
+    seconds = time.perf_counter() - start
+    steps = " and ".join([f"{'verify' if t > 1 else 'decode'} ({t} row{'s' if t > 1 else ''})" for t in rows])
+    say(f"compile    {steps}{', draft' if drafter else ''} steps in {seconds:.1f} s (torch.compile"
+        f"{', CUDA graphs' if static.cudagraphs else ''}); a static cache of {capacity} positions")
+    return Compiled(static, drafter, cache, seconds)
 
 
 def sampling_line(target: Target, assistant: Assistant | None) -> str:
