@@ -9,14 +9,17 @@ captures the decode, verify and draft steps whole.
   fast model whose products call oneDNN (packed, or unpacked for many rows), which a compiled step makes plain
   `torch.matmul`: inductor packs its own. MoE's expert loop depends on the data: refused.
 - Compiled: one shape, few tokens. Inductor builds three graphs (T = 1, T = 2, the draft step): about two minutes on
-  a 2-core CPU with a cold cache (~/tmp/torchinductor_$USER), seconds once cached.
+  a 2-core CPU with a cold cache (/tmp/torchinductor_$USER), seconds once cached.
+- `--compile` in generate.py takes one prompt (its measured runs: gemma4/fast/README.md).
 """
 
 import pytest
 import torch
 
-from gemma4 import KVCache, SamplerConfig, greedy_generate, load_target, sample_generate
+import generate  # scripts/generate.py (pyproject.toml puts scripts/ on pytest's path)
+from gemma4 import Gemma4Tokenizer, KVCache, SamplerConfig, greedy_generate, load_target, sample_generate
 from gemma4.fast import make_fast, products
+from gemma4.fast.kernels import ONEDNN
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
 from gemma4.weights import file_reader
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate
@@ -64,7 +67,6 @@ def test_speculative_equals_textbook(models, shape: str, k: int, drafting: str) 
 @pytest.mark.parametrize("speculative", [True, False])
 def test_conversation_on_a_static_cache(models, tmp_path, speculative: bool) -> None:  # noqa: ANN001
     """Turns reuse the cache's prefix (prefill from `reuse`): the same replies as on the textbook's cache."""
-    from gemma4 import Gemma4Tokenizer
     tokenizer = Gemma4Tokenizer(write_tokenizer(tmp_path))
     target, drafter = models["e2b", "echo"]
     st, sd, _ = static(target, drafter)
@@ -110,21 +112,20 @@ def step_arguments(st: StaticTarget, cache: StaticKVCache, t: int) -> tuple:
     return (*st.upload(ids, 0), rows, cache, t)
 
 
-@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("kernel", ["onednn", "packed"])
 @pytest.mark.parametrize("shape", ["e2b", "dense"])
-def test_steps_have_no_graph_break(tmp_path, shape: str, pack: bool) -> None:  # noqa: ANN001
+def test_steps_have_no_graph_break(tmp_path, shape: str, kernel: str) -> None:  # noqa: ANN001
     target_dir = write_target(tmp_path / "target", shape, multimodal=False)
     assistant_dir = write_assistant(tmp_path / "assistant", target_dir, ordered_embeddings=shape == "e2b")
     target, drafter = load_target(target_dir, fast=False), load_drafter(assistant_dir, fast=False)
-    make_fast(target, file_reader(target_dir, "model."), ("head", "embed_tokens.weight"), pack=pack)
+    kernels = (kernel, kernel)  # oneDNN on the plain weight, or on its packed copy, for every row count
+    make_fast(target, file_reader(target_dir, "model."), ("head", "embed_tokens.weight"), kernels=kernels)
     head = None if drafter.config.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
-    make_fast(drafter, file_reader(assistant_dir, ""), head, pack=pack)
-    if not pack:  # as the measurement may choose: oneDNN's product on the unpacked weight from 2 rows
-        for product in products(target) + products(drafter):
-            product.onednn_rows = 2
+    make_fast(drafter, file_reader(assistant_dir, ""), head, kernels=kernels)
+    assert all(p.packed or any(p.onednn) for p in products(target)) or not ONEDNN  # oneDNN where there is one
     st, sd = StaticTarget(target, compiled_rows=(1, 5)), StaticDrafter(drafter, compile=True)  # nothing compiled yet
     # Inductor cannot lower oneDNN's product given to it (it packs its own): every product is torch.matmul now.
-    assert not any(p.packed or p.onednn_rows for p in products(target) + products(drafter))
+    assert not any(p.packed or any(p.onednn) for p in products(target) + products(drafter))
     cache = StaticKVCache(target.config, 32)
     with torch.inference_mode():
         for t in (1, 5):  # a decode step, a verify of K = 4 drafts
@@ -150,3 +151,8 @@ def test_compiled_equals_eager(models) -> None:  # noqa: ANN001
     spec = speculative_generate(st, sd, ids, n, DraftLength(1), cache=cache)
     assert spec.tokens == speculative_generate(eager_target, eager_drafter, ids, n, DraftLength(1), cache=cache).tokens
     assert spec.tokens == greedy_generate(target, ids, n)
+
+
+def test_compile_takes_one_prompt(capsys: pytest.CaptureFixture) -> None:
+    assert generate.cli(["--compile", "--prompt", "a", "--prompt", "b"]) == 2
+    assert "--compile runs one prompt" in capsys.readouterr().err

@@ -38,6 +38,7 @@ from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedM
 from gemma4.model import (
     Gemma4Model, LayerInputs, ModelOutput, additive_mask, attention_mask, embed_scale, rope_cos_sin, rope_frequencies,
 )
+from gemma4.sampling import SamplerConfig
 
 if TYPE_CHECKING:  # gemma4 never imports mtp at run time: the drafter is only named here
     from mtp.drafter import Drafter
@@ -115,8 +116,8 @@ def plain_products(model: nn.Module, head: torch.Tensor) -> None:
         if product.packed:  # its parameters may still be the file's dtype: cast to the product's
             stacked = torch.cat(weights) if len(weights) > 1 else weights[0]  # (O1 + O2 + .., I)
             setattr(module, name, Product(stacked.to(product.dtype), False, choice=product.choice))
-        elif product.onednn_rows:  # the same weight (O, I), every row count through torch.matmul
-            setattr(module, name, Product(product.operand.t(), False, choice=product.choice))
+        elif any(product.onednn):  # the same weight (O, I), every row count through torch.matmul
+            setattr(module, name, Product(product.weight, False, choice=product.choice))
 
 
 def compiled(fn, device: torch.device):  # noqa: ANN001, ANN201 (a function and its compiled form)
@@ -261,7 +262,7 @@ class StaticDrafter:
 
     @torch.inference_mode()
     def propose(self, target: StaticTarget, token: int, hidden: torch.Tensor, t: int,
-                shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: object = None,
+                shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: SamplerConfig | None = None,
                 ) -> tuple[list[int], torch.Tensor | None]:
         """Drafter.propose on the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides keys >= t."""
         if sampler is not None:

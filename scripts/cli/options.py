@@ -326,7 +326,7 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
     (1 row) and, with an assistant, a verify of its K + 1 rows and the draft step."""
     model = target.model
     k = assistant.draft_length.initial if assistant is not None else 0
-    rows = (1, k + 1) if k else (1,)
+    rows = tuple(t for t in (1, k + 1) if t <= capacity) if k else (1,)  # a verify never runs past the budget
     start = time.perf_counter()
     static = StaticTarget(model, compiled_rows=rows)
     drafter = StaticDrafter(assistant.drafter, compile=True) if assistant is not None else None
