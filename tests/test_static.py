@@ -10,7 +10,7 @@ captures the decode, verify and draft steps whole.
   `torch.matmul`: inductor packs its own. MoE's expert loop depends on the data: refused.
 - Compiled: one shape, few tokens. Inductor builds three graphs (T = 1, T = 2, the draft step): about two minutes on
   a 2-core CPU with a cold cache (/tmp/torchinductor_$USER), seconds once cached.
-- `--compile` in generate.py takes one prompt (its measured runs: gemma4/fast/README.md).
+- `--compile` in generate.py takes one prompt (its measured runs: scripts/benchmark.md).
 """
 
 import pytest
