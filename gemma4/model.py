@@ -173,7 +173,8 @@ class Attention(nn.Module):
         elif cache is not None:
             k, v = cache.write(self.layer, start, k, v)  # (B, K, start+T, D) views
         s = inp.key_start  # a sliding layer past its window: older keys are not even multiplied
-        out = attend(q, k[:, :, s:], v[:, :, s:], inp.mask)  # (B, T, H*D)
+        keys, values = (k[:, :, s:], v[:, :, s:]) if s else (k, v)  # (B, K, S', D); no slicing op when s is 0
+        out = attend(q, keys, values, inp.mask)  # (B, T, H*D)
         return self.o_proj(out), (k, v)
 
 

@@ -106,9 +106,9 @@ def kernel_called(product: Product, x: torch.Tensor) -> str:
     return "onednn" if "mkldnn::_linear_pointwise" in names else "mkl"
 
 
-@pytest.mark.skipif(not gemma4.fast.kernels.ONEDNN, reason="a torch build without oneDNN")
 def test_each_row_count_goes_to_its_kernel() -> None:
-    """1 row (B = T = 1) to the 1-row kernel; any more, by batch or by tokens, to the other."""
+    """1 row (B = T = 1) to the 1-row kernel; any more, by batch or by tokens, to the other (without oneDNN:
+    MKL for both)."""
     weight = torch.randn(48, 32)
     for product in kinds(weight):
         one, many = ("onednn" if flag else "mkl" for flag in product.onednn)
