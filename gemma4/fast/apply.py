@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import VERIFY_ROWS, Choice, Product, forced, measure
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.model import MLP, Attention
@@ -102,6 +103,8 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
             _swap(model, name, StackedMLP.replacing(module, product))
         else:
             _swap(model, name, FastLinear(module, product))
+    if next(model.parameters()).device.type != "cpu":
+        gather_experts(model)  # MoE: a host read a layer would stall the device (gemma4/fast/experts.py)
     return list(choices.values())
 
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from gemma4.cache import KVCache
 from gemma4.config import FULL, SLIDING, TextConfig
+from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import Product
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.model import (
@@ -144,9 +145,6 @@ class StaticTarget:
 
     def __init__(self, model: Gemma4Model, compiled_rows: Collection[int] = ()) -> None:
         c = model.config
-        if compiled_rows and c.enable_moe:
-            raise ValueError("the MoE block loops over the experts the router chose (`Experts.forward`): a step that "
-                             "depends on the data has no static graph; run this model eager")
         self.model, self.config = model, c
         self.embed_tokens, self.logits = model.embed_tokens, model.logits  # the loops read the weight's device, dtype
         w = model.embed_tokens.weight
@@ -158,6 +156,7 @@ class StaticTarget:
         self.cudagraphs = bool(compiled_rows) and self.device.type == "cuda"
         if compiled_rows:
             plain_products(model, model.embed_tokens.weight)
+            gather_experts(model, always=True)  # MoE: the experts' loop depends on the data; a graph cannot hold it
         self.step = compiled(self.forward, self.device) if compiled_rows else self.forward
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # T -> arange, positions, ids
 

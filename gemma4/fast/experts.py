@@ -1,0 +1,54 @@
+"""The MoE experts without a host read: for a GPU, and for a compiled step on any device.
+
+`Experts.forward` (gemma4/moe.py) asks the host which experts the router chose (`experts.unique().tolist()`),
+then multiplies each one's tokens by its weights. On a GPU that read waits for every kernel queued before it, once
+per MoE layer, and a graph cannot hold a loop whose length depends on the data. `GatheredExperts` computes the
+same sum with shapes fixed by the row count alone:
+- Few (token, slot) pairs (N * k < X: a decode step, a verify): each pair's expert weights are gathered by the
+  device's own indices (`weight[experts]`, (N*k, 2I, E)) and multiplied in one batched product. The gather copies
+  k experts a token: on a GPU a few microseconds, against a stall; on a CPU, where a read costs nothing, the copy
+  would be the cost, so eager CPU models keep the loop (`gather_experts` is applied by the loaders off the CPU).
+- Many (a prefill): the loop of `Experts.forward`. Its one read a layer is spread over many tokens, and the
+  gather would copy more expert weights than there are experts.
+Same products as the loop, token by token, summed over the k slots in another order: equal to about 1e-7
+relative in float32 (gemma4/fast/README.md).
+
+Shape legend: N tokens (B*T), E hidden size, X experts, I expert width, k experts per token.
+"""
+
+import torch
+from torch import nn
+
+from gemma4.fast.modules import adopt
+from gemma4.moe import Experts
+from gemma4.norms import gelu
+
+
+class GatheredExperts(Experts):
+    loop_from: int | None  # (token, slot) pairs from which the loop runs instead; None: never (a compiled step)
+
+    def forward(self, u: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """u (N, E), weights/experts (N, k) -> (N, E), as Experts.forward, reading nothing below `loop_from` pairs."""
+        n, k = experts.shape
+        if self.loop_from is not None and n * k >= self.loop_from:
+            return super().forward(u, weights, experts)
+        chosen = experts.flatten()  # (N*k,): token 0's k experts, then token 1's, ...
+        x = u.repeat_interleave(k, dim=0)[:, :, None]  # (N*k, E, 1)
+        gate, up = torch.bmm(self.gate_up_proj[chosen], x).squeeze(-1).split(self.width, dim=-1)  # (N*k, I) each
+        y = torch.bmm(self.down_proj[chosen], (gelu(gate) * up)[:, :, None]).view(n, k, -1)  # (N, k, E)
+        return (y.to(weights.dtype) * weights[:, :, None]).sum(dim=1).to(u.dtype)  # fp32 sum, as the loop's
+
+
+def gather_experts(model: nn.Module, always: bool = False) -> list[tuple[str, Experts]]:
+    """Swap every `Experts` of `model` for a `GatheredExperts` holding the same parameters: gathering below X
+    (token, slot) pairs, or at every count (`always`: a compiled step, which cannot hold the loop). Returns (name,
+    the module replaced), so a caller can put them back."""
+    replaced = []
+    for name, module in list(model.named_modules()):
+        if isinstance(module, Experts):
+            gathered = adopt(GatheredExperts, module)  # the same parameters; a GatheredExperts gets a new threshold
+            gathered.loop_from = None if always else module.gate_up_proj.shape[0]
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, gathered)
+            replaced.append((name, module))
+    return replaced
