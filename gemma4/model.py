@@ -280,7 +280,7 @@ class Gemma4Model(nn.Module):
         c = self.config
         # The table stays in host memory in the file's dtype (weights.py): rows looked up there, then moved and cast.
         table = self.embed_tokens_per_layer.weight
-        rows = F.embedding(ids.to(table.device), table).to(x0.device, x0.dtype)  # (B, T, L*P)
+        rows = F.embedding(ids.to(table.device), table).to(x0.device, x0.dtype, non_blocking=True)  # (B, T, L*P)
         tok = rows * embed_scale(c.ple_dim, x0.dtype)
         ctx = self.per_layer_model_projection(x0) * c.hidden_size**-0.5  # (B, T, L*P)
         ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
@@ -305,7 +305,8 @@ class Gemma4Model(nn.Module):
         if cache is None and (not isinstance(start_pos, int) or start_pos != 0):
             raise ValueError("a forward without a cache starts at position 0")
         b, t = input_ids.shape
-        x = self.embed(input_ids.to(self.embed_tokens.weight.device))  # (B, T, E); the loops pass host ids
+        # The loops pass host ids; non_blocking: the upload need not wait for the device's queue to drain.
+        x = self.embed(input_ids.to(self.embed_tokens.weight.device, non_blocking=True))  # (B, T, E)
         ple = self.per_layer_inputs(input_ids, x) if c.ple_dim else None  # (B, T, L, P)
         steps = torch.arange(t, device=x.device)  # (T,)
         if isinstance(start_pos, int):  # one position for all rows

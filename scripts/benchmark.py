@@ -21,7 +21,8 @@ Sections (`--only a,b`):
   bandwidth of a large copy (read + written; the best of copies taken in turns with the decode steps: a
   copy slowed by a neighbour would flatter the ratio). Ours and transformers' plain generate against it
   (bound / transformers' tokens/s: the most any float32 decoder could gain here), and the largest
-  product for 1, 2, 5, 9 rows, plain and packed: a verify's cost in the products alone.
+  product for 1, 2, 5, 9 rows, plain and packed: a verify's cost in the products alone. Also paired: each
+  step against its own repetition's faster copy or read (bench/costs.py), where the bandwidth moves.
 - `bf16`: `costs` and `bandwidth` again in bfloat16, on a random pair with E2B's full 262144-token
   vocabulary (≈ 9.5 GB written once; memory-mapped, only the rows a step reads of its PLE table resident).
 - `memory`: peak resident memory of `load_target` (packing included) in a fresh process, during loading

@@ -78,6 +78,7 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
     assert set(plain) == {"1", "2", "5", "9"}  # JSON keys
     assert band["linear_rows_slowdown"]["plain"]["1"] == 1.0 and all(v > 0 for v in plain.values())
     assert band["dtype"] == "float32" and band["fraction_best_decode_step"] >= band["fraction_decode_step"]
+    assert band["read_bytes_per_s"] > 0 and band["fraction_paired"] > 0
     bf16 = result["bf16"]
     assert bf16["bandwidth"]["dtype"] == "bfloat16" and bf16["bandwidth"]["bytes_per_token"] < band["bytes_per_token"]
     assert set(bf16["costs"]["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}

@@ -167,7 +167,7 @@ class StaticTarget:
     def per_layer_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Host ids (B, T) -> the PLE table's rows (B, T, L*P) on the device: the lookup stays in host memory."""
         table = self.model.embed_tokens_per_layer.weight
-        return F.embedding(ids.to(table.device), table).to(self.device, self.dtype)
+        return F.embedding(ids.to(table.device), table).to(self.device, self.dtype, non_blocking=True)
 
     def per_layer_inputs(self, rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         """The rest of Gemma4Model.per_layer_inputs (§12): rows (B, T, L*P), x0 (B, T, E) -> (B, T, L, P)."""
@@ -202,7 +202,7 @@ class StaticTarget:
             self.inputs[t] = (torch.arange(t, device=self.device), torch.empty(t, dtype=torch.long, device=self.device),
                               torch.empty(1, t, dtype=torch.long, device=self.device))
         steps, positions, device_ids = self.inputs[t]
-        return device_ids.copy_(ids), torch.add(steps, start, out=positions)
+        return device_ids.copy_(ids, non_blocking=True), torch.add(steps, start, out=positions)  # no queue wait
 
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, cache: KVCache, start_pos: int | torch.Tensor = 0,

@@ -6,7 +6,10 @@ against a decode step, and a decode step against the memory-bandwidth bound.
   (1 - α^(K+1)) / (1 - α) tokens on average; Leviathan et al. 2023).
 - `bandwidth`: a decode step against the bound of weight bytes per step (memory.py `decode_bytes`) over the
   bandwidth of a large copy (read + written; the best copy: one slowed by a neighbour would flatter the
-  ratio); and the largest product for 1, 2, 5 and 9 rows, plain and packed (oneDNN: CPU only).
+  ratio); and the largest product for 1, 2, 5 and 9 rows, plain and packed (oneDNN: CPU only). On a machine
+  whose bandwidth moves with its neighbours' load, a median step against the best copy understates the step:
+  `fraction_paired` sets each repetition's step against the faster of that repetition's copy and read (a sum
+  over the same buffer, which streams as a decode step does: reads only), and takes the median.
 Timed in turns on the clock of the model's device (timing.py).
 """
 
@@ -72,7 +75,7 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     weight = torch.cat([target.get_parameter(k).to(dtype) for k in keys])  # (O, I), as the product multiplies it
     runs: dict[str, Callable[[], Any]] = {
         "decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, p),
-        "copy": lambda: dst.copy_(src)}
+        "copy": lambda: dst.copy_(src), "read": lambda: src.sum()}
     ways = {"plain": Product(weight, False)} | ({"packed": Product(weight, True)} if packable(weight) else {})
     x = {m: torch.ones(1, m, weight.shape[1], dtype=dtype, device=device) for m in ROWS}
     for way, product in ways.items():
@@ -82,12 +85,15 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     # The bound's bandwidth is the best copy: a copy that a neighbour slowed down would flatter the ratio.
     bandwidth = 2 * src.nbytes / min(s["copy"])
     bound = bandwidth / per_token
+    paired = [per_token / decode / max(2 * src.nbytes / copy, src.nbytes / read)
+              for decode, copy, read in zip(s["decode"], s["copy"], s["read"])]  # each repetition's own bound
     weight_bytes = weight.numel() * weight.element_size()
     out = {"dtype": str(x[1].dtype).removeprefix("torch."), "copy_bytes_per_s": bandwidth, "copy_mib": mib,
            "bytes_per_token": per_token, "bound_tokens_per_s": bound,
            "decode_step_tokens_per_s": 1 / statistics.median(s["decode"]),
            "fraction_decode_step": 1 / statistics.median(s["decode"]) / bound,
            "fraction_best_decode_step": 1 / min(s["decode"]) / bound,
+           "read_bytes_per_s": src.nbytes / min(s["read"]), "fraction_paired": statistics.median(paired),
            "linear_weight_shape": list(weight.shape),
            "linear_bytes_per_s_by_rows": {way: {m: weight_bytes / statistics.median(s[f"{way}{m}"]) for m in ROWS}
                                           for way in ways},

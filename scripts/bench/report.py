@@ -42,6 +42,7 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
                      2.0, True)
         if r.get("bandwidth"):
             goal(f"{label}: decode / memory-bandwidth bound", r["bandwidth"]["fraction_decode_step"], fraction, True)
+            goal(f"{label}: decode / bound, paired by repetition", r["bandwidth"]["fraction_paired"], fraction, True)
     if result.get("memory"):
         goal("first-forward peak / weights as loaded (bf16)", result["memory"]["forward_peak_over_text"], 1.15, False)
     return out
@@ -148,6 +149,8 @@ def bandwidth_lines(b: dict[str, Any] | None) -> list[str]:
         f"   bound                                  {b['bound_tokens_per_s']:.2f} tokens/s",
         f"   decode step (median)                   {b['decode_step_tokens_per_s']:.2f} tokens/s = "
         f"{b['fraction_decode_step']:.0%} of the bound (the best step: {b['fraction_best_decode_step']:.0%})",
+        f"   read bandwidth (a sum, best)           {b['read_bytes_per_s'] / 1e9:.1f} GB/s",
+        f"   each step against its repetition's faster copy or read (median): {b['fraction_paired']:.0%}",
         *[f"   {label:<39}{b[f'{name}_tokens_per_s']:.2f} tokens/s = {b[f'fraction_{name}']:.0%} of the bound"
           for name, label in (("ours_plain", "ours, plain generate (e2b section)"),
                               ("tf_plain", "transformers generate (e2b section)"))
