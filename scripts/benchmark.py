@@ -33,7 +33,7 @@ Sections (`--only a,b`):
 - `sampling` (scripts/bench/sampling.py): one sampled row at V = 4,096 and 262,144, the fast sampler and the textbook one, and
   E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
 - `device` (scripts/bench/device.py), only when named: an accelerator checked end to end on random E2B and
-  31B-layer pairs (`--device cuda`; `--device-small` shrinks it for a CPU). Not part of the default run.
+  31B-layer and 26B-A4B-layer pairs (`--device cuda`; `--device-small` shrinks it for a CPU). Not part of the default run.
 The demo section also counts host reads (scripts/bench/syncs.py) per plain decode step and speculative round.
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every

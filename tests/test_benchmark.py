@@ -134,8 +134,9 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
     d = json.loads(json.dumps(result))["device"]
     assert d["small"] is True and d["vocab"] == 512 and d["written_under"] == str(tmp_path / "device" / "small")
     assert d["copy"]["bytes_per_s"] > 0 and d["keyed_bits"]["equal"] is True and d["keyed_bits"]["cases"] == 36
-    assert set(d["seconds"]) == {"write_e2b", "write_31b_layers", "copy", "keyed_bits", "e2b", "31b_layers"}
-    for name in ("e2b", "31b_layers"):
+    pairs = ("e2b", "31b_layers", "26b_layers")
+    assert set(d["seconds"]) == {"copy", "keyed_bits", *pairs, *(f"write_{name}" for name in pairs)}
+    for name in pairs:
         p = d[name]
         assert DEVICE_CHECKS | {"seconds"} <= set(p) and not any("error" in p[c] for c in DEVICE_CHECKS), p
         assert p["equal"]["greedy"] is True and p["equal"]["sampled"] is True and p["equal"]["tokens"] == 8
@@ -145,7 +146,14 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
         assert 0 < decode["eager"]["fraction_step"] and decode["compiled"]["step_tokens_per_s"] is None
         assert set(p["costs"]["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}
         reads = p["syncs"]["host_reads"]
-        assert reads["plain_step"] <= 1 and reads["spec_round"] <= 2 and p["syncs"]["cuda_syncs"] is None
+        moe_layers = 4 if name == "26b_layers" else 0  # on the CPU the experts' loop reads once a MoE layer
+        assert reads["plain_step"] <= 1 + moe_layers and p["syncs"]["cuda_syncs"] is None
+        assert reads["spec_round"] <= 2 + moe_layers
+    experts = d["26b_layers"]["experts"]  # gathered on the device, as a GPU loads it, against the loop
+    assert experts["gathered"]["host_reads"]["plain_step"] <= 1 and experts["gathered_modules"] == 0  # CPU: the loop
+    assert experts["loop"]["host_reads"]["plain_step"] == 1 + 4
+    assert experts["gathered_over_loop"]["decode_s"] > 0 and experts["gathered_over_loop"]["verify_s"] > 0
+    assert "experts" not in d["e2b"] and "experts" not in d["31b_layers"]
     parity = d["e2b"]["parity"]  # transformers is installed wherever the tests run
     assert parity["argmax_agree"] == 1.0 and parity["max_abs_logit_diff"] <= parity["ours_vs_f32"]
     assert "parity" not in d["31b_layers"]

@@ -8,6 +8,7 @@ same sum with shapes fixed by the row count alone:
   device's own indices (`weight[experts]`, (N*k, 2I, E)) and multiplied in one batched product. The gather copies
   k experts a token: on a GPU a few microseconds, against a stall; on a CPU, where a read costs nothing, the copy
   would be the cost, so eager CPU models keep the loop (`gather_experts` is applied by the loaders off the CPU).
+  A compiled step gathers for its row counts, whatever X is.
 - Many (a prefill): the loop of `Experts.forward`. Its one read a layer is spread over many tokens, and the
   gather would copy more expert weights than there are experts.
 Same products as the loop, token by token, summed over the k slots in another order: equal to about 1e-7
@@ -25,12 +26,12 @@ from gemma4.norms import gelu
 
 
 class GatheredExperts(Experts):
-    loop_from: int | None  # (token, slot) pairs from which the loop runs instead; None: never (a compiled step)
+    rows: int  # tokens up to which it gathers whatever X is (a compiled step's); past them, from X pairs on, the loop
 
     def forward(self, u: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """u (N, E), weights/experts (N, k) -> (N, E), as Experts.forward, reading nothing below `loop_from` pairs."""
+        """u (N, E), weights/experts (N, k) -> (N, E), as Experts.forward, reading nothing below X pairs."""
         n, k = experts.shape
-        if self.loop_from is not None and n * k >= self.loop_from:
+        if n > self.rows and n * k >= self.gate_up_proj.shape[0]:  # on shapes alone: a compiled step traces one side
             return super().forward(u, weights, experts)
         chosen = experts.flatten()  # (N*k,): token 0's k experts, then token 1's, ...
         x = u.repeat_interleave(k, dim=0)[:, :, None]  # (N*k, E, 1)
@@ -39,15 +40,15 @@ class GatheredExperts(Experts):
         return (y.to(weights.dtype) * weights[:, :, None]).sum(dim=1).to(u.dtype)  # fp32 sum, as the loop's
 
 
-def gather_experts(model: nn.Module, always: bool = False) -> list[tuple[str, Experts]]:
-    """Swap every `Experts` of `model` for a `GatheredExperts` holding the same parameters: gathering below X
-    (token, slot) pairs, or at every count (`always`: a compiled step, which cannot hold the loop). Returns (name,
-    the module replaced), so a caller can put them back."""
+def gather_experts(model: nn.Module, rows: int = 0) -> list[tuple[str, Experts]]:
+    """Swap every `Experts` of `model` for a `GatheredExperts` holding the same parameters, gathering below X
+    (token, slot) pairs and for up to `rows` tokens whatever X is (a compiled step's row counts: a graph cannot
+    hold the loop). Returns (name, the module replaced), so a caller can put them back."""
     replaced = []
     for name, module in list(model.named_modules()):
         if isinstance(module, Experts):
             gathered = adopt(GatheredExperts, module)  # the same parameters; a GatheredExperts gets a new threshold
-            gathered.loop_from = None if always else module.gate_up_proj.shape[0]
+            gathered.rows = rows
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, gathered)
             replaced.append((name, module))

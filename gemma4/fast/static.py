@@ -156,7 +156,7 @@ class StaticTarget:
         self.cudagraphs = bool(compiled_rows) and self.device.type == "cuda"
         if compiled_rows:
             plain_products(model, model.embed_tokens.weight)
-            gather_experts(model, always=True)  # MoE: the experts' loop depends on the data; a graph cannot hold it
+            gather_experts(model, max(compiled_rows))  # MoE: a graph cannot hold the experts' loop (a prefill can)
         self.step = compiled(self.forward, self.device) if compiled_rows else self.forward
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # T -> arange, positions, ids
 

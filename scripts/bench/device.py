@@ -9,7 +9,9 @@ Two random pairs (random_pair.py), written once under `--device-dir` (/dev/shm, 
 - `31b_layers`: 4 layers of 31B's (gemma4/README.md §16, mtp/README.md §1): hidden 5376, 32 query heads,
   16 kv heads of 256 on the sliding layers and 4 of 512 on the full one, K=V full layers, MLP 21,504,
   window 1024, no PLE or KV sharing; its assistant 1024 wide (MLP 8192, 32 heads) with a dense head.
-`--device-small` shrinks both (vocabulary 512, widths 16-64) and the copy, so a CPU runs it in seconds.
+- `26b_layers`: 4 layers of 26B-A4B's: hidden 2816, 16 query heads, 8 kv heads of 256 sliding and 2 of 512
+  full, K=V, dense MLP 2112 beside 128 experts of width 704, top 8; its assistant as 31B's.
+`--device-small` shrinks them (vocabulary 512, widths 16-64) and the copy, so a CPU runs it in seconds.
 
 Every check is recorded on its own: one that raises records {"error": "Type: message"} and the rest run on.
 Device-wide: `copy` (bandwidth of a device-memory copy, read + written, best of the reps) and `keyed_bits`
@@ -20,8 +22,11 @@ and their fraction of the bound `copy` bandwidth / `decode_bytes`; `compiled`: t
 tried only with --device-compile), `costs` (costs.cost_section: (K+1)-token verify / decode for K = 1..8,
 draft step / decode), `syncs` (syncs.per_step: host reads and, on CUDA, synchronisations per step and per
 round), `equal` (float32 load: speculative == plain greedy, and argmax-drafted keyed sampling == plain
-sampling, tokens `==`), and on `e2b` `parity` (the first forward's logits against transformers' in
-bfloat16, and both against ours in float32).
+sampling, tokens `==`), on `e2b` `parity` (the first forward's logits against transformers' in
+bfloat16, and both against ours in float32), and on `26b_layers` `experts` (a decode step and a verify of K + 1
+rows with the experts gathered on the device, as the loaders give a GPU, against the loop that asks the host for
+them, gemma4/fast/experts.py: which one the device should run). `compiled` (with --device-compile) runs the
+static-shape decode step of `--compile` (gemma4/fast/static.py; CUDA graphs on CUDA) and records its warm-up.
 """
 
 import gc
@@ -42,6 +47,10 @@ from bench.syncs import SAMPLED, per_step
 from bench.timing import Clock, interleaved, prefilled
 from gemma4 import greedy_generate, load_target, sample_generate
 from gemma4.config_file import text_config_from_dict
+from gemma4.fast.experts import GatheredExperts, gather_experts
+from gemma4.fast.modules import adopt
+from gemma4.fast.static import StaticKVCache, StaticTarget
+from gemma4.moe import Experts
 from gemma4.sampling import ACCEPT_STREAM, DRAFT_STREAM, TOKEN_STREAM, exponential_noise, keyed_bits
 from gemma4.weights import target_weight_table
 from mtp import DraftLength, load_drafter, speculative_generate
@@ -69,6 +78,25 @@ def l31b_configs(vocab: int, small: bool) -> tuple[dict[str, Any], dict[str, Any
     assistant = assistant_config(target, num_centroids=1, top_k=1, **drafter)
     assistant["use_ordered_embeddings"] = False  # 26B/31B assistants: a dense head
     assistant["text_config"] |= k_eq_v  # its full layer reads the target's 4 kv heads of 512
+    return target, assistant
+
+
+def l26b_configs(vocab: int, small: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """4 layers (sliding x3, full) of 26B-A4B's target, its MoE block included, and an assistant like 31B's."""
+    if small:
+        dims = dict(hidden=64, intermediate=96, heads=4, kv_heads=2, head_dim=16, window=8)
+        full_kv, moe, drafter = 1, dict(num_experts=16, top_k_experts=4, moe_intermediate_size=32), \
+            dict(hidden=32, intermediate=64, heads=4)
+    else:
+        dims = dict(hidden=2816, intermediate=2112, heads=16, kv_heads=8, head_dim=256, window=1024)
+        full_kv, moe, drafter = 2, dict(num_experts=128, top_k_experts=8, moe_intermediate_size=704), \
+            dict(hidden=1024, intermediate=8192, heads=32)
+    k_eq_v = {"attention_k_eq_v": True, "num_global_key_value_heads": full_kv}
+    target = target_config(vocab, layers=4, shared=0, ple_dim=0, double_wide=False, **dims) | k_eq_v
+    target |= {"enable_moe_block": True, "max_position_embeddings": 262_144} | moe
+    assistant = assistant_config(target, num_centroids=1, top_k=1, **drafter)
+    assistant["use_ordered_embeddings"] = False
+    assistant["text_config"] |= k_eq_v
     return target, assistant
 
 
@@ -145,7 +173,7 @@ def keyed_bits_check(device: torch.device, vocab: int) -> dict[str, Any]:
 
 
 def pair_checks(name: str, t_dir: Path, a_dir: Path, device: torch.device, clock: Clock, copy: dict[str, Any],
-                tokens: int, reps: int, compile_step: bool, parity: bool) -> dict[str, Any]:
+                tokens: int, reps: int, compile_step: bool, parity: bool, moe: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"target": str(t_dir), "assistant": str(a_dir)}
     prompt = random_prompt(t_dir, 16)
     models: dict[str, Any] = {}
@@ -186,13 +214,20 @@ def pair_checks(name: str, t_dir: Path, a_dir: Path, device: torch.device, clock
                 {"step_tokens_per_s": None, "reason": "no --compile yet (--device-compile tries torch.compile)"}}
 
     def compiled(target: Any, cache: Any, ids: torch.Tensor, eager: Callable[[], Any]) -> dict[str, Any]:
-        """torch.compile of target.run, a step at the same fixed position; fails soft."""
+        """`--compile`'s decode step (a static cache, CUDA graphs on CUDA) at the same position; fails soft."""
         try:
-            run = torch.compile(target.run, dynamic=True)
-            step = torch.inference_mode()(lambda: run(ids, cache, len(prompt)))
-            diff = float((step().logits.float() - eager().logits.float()).abs().max())  # the first call compiles
+            static, start = StaticTarget(target, compiled_rows=(1,)), time.perf_counter()
+            slots = StaticKVCache(target.config, len(prompt) + 8, dtype=BF16, device=device)
+            static.warm_up(slots)
+            warm_up = time.perf_counter() - start
+            with torch.inference_mode():
+                static.run(torch.tensor([prompt]), slots, 0, num_logits=1)
+            slots.length = len(prompt)
+            step = torch.inference_mode()(lambda: static.run(ids, slots, len(prompt)))  # eager's step, compiled
+            diff = float((step().logits.float() - eager().logits.float()).abs().max())
             s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
-            return {"step_tokens_per_s": 1 / sorted(s["step"])[len(s["step"]) // 2], "max_abs_logit_diff": diff}
+            return {"step_tokens_per_s": 1 / sorted(s["step"])[len(s["step"]) // 2], "max_abs_logit_diff": diff,
+                    "warm_up_seconds": warm_up}
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             return {"step_tokens_per_s": None, "reason": f"torch.compile failed: {error_text(e)}"}
@@ -214,10 +249,37 @@ def pair_checks(name: str, t_dir: Path, a_dir: Path, device: torch.device, clock
                 "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "highest": no TF32
                 "sampled_acceptance_rate": spec_sampled.stats.acceptance_rate}
 
+    def experts() -> dict[str, Any]:
+        """Seconds of a decode step and a verify of K + 1 rows, and host reads a plain step, experts gathered
+        (as loaded off the CPU) and looped (as on a CPU)."""
+        target, drafter = pair(BF16)
+        layers = [layer for layer in target.layers if layer.moe]
+        cache, _ = prefilled(target, prompt, K + 1)
+        runs = {rows: torch.inference_mode()(lambda rows=rows: target.run(torch.tensor([prompt[-1:] * rows]), cache,
+                                                                          len(prompt))) for rows in (1, K + 1)}
+        result: dict[str, Any] = {"k": K}
+        for way in ("gathered", "loop"):
+            for layer in layers:
+                layer.experts = adopt(Experts, layer.experts)  # the textbook loop, the same parameters
+            if way == "gathered":
+                gather_experts(target)
+            s, _ = interleaved(runs, reps, runs, clock)
+            reads = per_step(target, drafter, prompt, 8, K, device)
+            result[way] = {"decode_s": sorted(s[1])[reps // 2], "verify_s": sorted(s[K + 1])[reps // 2],
+                           "host_reads": reads["host_reads"], "cuda_syncs": reads["cuda_syncs"]}
+        if device.type != "cpu":
+            gather_experts(target)  # as loaded
+        result["gathered_over_loop"] = {kind: result["gathered"][kind] / result["loop"][kind]
+                                        for kind in ("decode_s", "verify_s")}
+        result["gathered_modules"] = sum(isinstance(layer.experts, GatheredExperts) for layer in layers)
+        return result
+
     attempt(out, "load", load)
     attempt(out, "decode", decode)
     attempt(out, "costs", lambda: cost_section(*pair(BF16), prompt, reps, clock))
     attempt(out, "syncs", lambda: per_step(*pair(BF16), prompt, tokens, K, device))
+    if moe:
+        attempt(out, "experts", experts)
     if parity:
         attempt(out, "parity", lambda: transformers_logits(t_dir, prompt, device, logits))
     models.pop(BF16, None)  # freed before the float32 pair loads
@@ -259,12 +321,13 @@ def device_section(device: str, root: Path, small: bool, tokens: int, reps: int,
     dev = torch.device(device)
     clock = Clock(dev)
     vocab = 512 if small else FULL_VOCAB
-    pairs = {"e2b": small_e2b_configs(vocab) if small else e2b_configs(vocab), "31b_layers": l31b_configs(vocab, small)}
+    pairs = {"e2b": small_e2b_configs(vocab) if small else e2b_configs(vocab), "31b_layers": l31b_configs(vocab, small),
+             "26b_layers": l26b_configs(vocab, small)}
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
                            "torch": torch.__version__, "small": small, "vocab": vocab, "tokens": tokens, "reps": reps}
     need = sum(pair_bytes(*configs, BF16) for configs in pairs.values())
     size = "small" if small else "full"  # a small run never overwrites the full pairs
-    written = (root / size / "31b_layers" / "pair.json").is_file()  # reused as it is, if its config is the same
+    written = (root / size / "26b_layers" / "pair.json").is_file()  # reused as it is, if its config is the same
     existing = next(p for p in (root, *root.parents) if p.exists())  # /dev/shm may be missing, or only 64 MB
     if not written and shutil.disk_usage(existing).free < need:
         fallback = Path(tempfile.gettempdir()) / "gemma4-mtp-device"
@@ -284,7 +347,8 @@ def device_section(device: str, root: Path, small: bool, tokens: int, reps: int,
     for name, (t_dir, a_dir) in dirs.items():
         say(f"device: the {name} pair on {dev}")
         attempt(out, name, lambda t_dir=t_dir, a_dir=a_dir, name=name: pair_checks(
-            name, t_dir, a_dir, dev, clock, copy, tokens, reps, compile_step, parity=name == "e2b"))
+            name, t_dir, a_dir, dev, clock, copy, tokens, reps, compile_step, parity=name == "e2b",
+            moe=name == "26b_layers"))
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out
@@ -308,7 +372,7 @@ def device_table(result: dict[str, Any]) -> str:
                                                            f"{c['mib']} MiB, best)"),
              line("keyed bits == CPU", d.get("keyed_bits"), lambda k: f"{k['equal']} ({k['cases']} cases x {k['ids']} "
                                                                    f"ids; noise rel. diff {k['noise_max_rel_diff']:.1e})")]
-    for name in ("e2b", "31b_layers"):
+    for name in ("e2b", "31b_layers", "26b_layers"):
         p = d.get(name)
         if p is None:
             continue
@@ -326,8 +390,8 @@ def device_table(result: dict[str, Any]) -> str:
                    f"; bound {x['bound_tokens_per_s']:.1f} ({x['bytes_per_step'] / gb:.2f} GB a step): "
                    f"{x['eager']['fraction_step']:.0%} / {x['eager']['fraction_generate']:.0%}"))),
             line("decode, compiled", p["decode"], lambda x: (
-                f"step {x['compiled']['step_tokens_per_s']:.1f} tokens/s" if x["compiled"]["step_tokens_per_s"]
-                else x["compiled"]["reason"])),
+                f"step {x['compiled']['step_tokens_per_s']:.1f} tokens/s (warm-up {x['compiled']['warm_up_seconds']:.0f}"
+                f" s)" if x["compiled"]["step_tokens_per_s"] else x["compiled"]["reason"])),
             line("verify / decode", p["costs"], lambda c: " ".join(f"K={k}: {v:.2f}" for k, v in
                                                                   c["verify_over_decode"].items())),
             line("draft step / decode", p["costs"], lambda c: f"{c['draft_step_over_decode']:.3f}"),
@@ -336,6 +400,11 @@ def device_table(result: dict[str, Any]) -> str:
                  ", ".join(f"{k} {v:.2f}" for k, v in s["cuda_syncs"].items())),
             line("float32 equal", p["equal"], lambda e: f"speculative == plain greedy {e['greedy']}, keyed sampling "
                                                        f"{e['sampled']} ({e['tokens']} tokens, K = {e['k']})")]
+        if "experts" in p:
+            lines.append(line("experts gathered / loop", p["experts"], lambda x: (
+                f"decode {x['gathered_over_loop']['decode_s']:.2f}x, verify of {x['k'] + 1} rows "
+                f"{x['gathered_over_loop']['verify_s']:.2f}x; host reads a step {x['gathered']['host_reads']['plain_step']:.0f}"
+                f" / {x['loop']['host_reads']['plain_step']:.0f}")))
         if "parity" in p:
             lines.append(line("bf16 vs transformers", p["parity"], lambda q: q.get("skipped") or (
                 f"max |logit diff| {q['max_abs_logit_diff']:.3g} (max |logit| {q['max_abs_logit']:.3g}); vs float32: "

@@ -109,7 +109,9 @@ def random_tensor(name: str, shape: tuple[int, ...], ple_dim: int, gen: torch.Ge
         return torch.randn(shape, generator=gen) / ple_dim**0.5  # times sqrt(P) in the model: rms 1
     if name.endswith("embed_tokens.weight"):
         return torch.randn(shape, generator=gen) * (0.8 / shape[1] ** 0.5)  # x0 = E[id]·sqrt(H) has rms 0.8
-    return torch.randn(shape, generator=gen) / shape[1] ** 0.5  # Linear [out, in]: N(0, 1/in)
+    if name.endswith(("router.scale", "per_expert_scale")):
+        return 0.5 + torch.rand(shape, generator=gen)
+    return torch.randn(shape, generator=gen) / shape[-1] ** 0.5  # Linear [out, in], experts [X, out, in]: N(0, 1/in)
 
 
 def write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, seed: int,
