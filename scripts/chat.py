@@ -42,6 +42,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message
+COMPILED_CONTEXT = 8192  # --compile's default context: its static cache is read whole by every compiled step
 HELP = f"""\
 type a message and Enter; a line {FENCE} opens and closes a message of several lines
 /reset starts over, /stats shows the last turn's figures, /exit or Ctrl-D leaves; Ctrl-C stops a reply"""
@@ -102,8 +103,7 @@ def reply_report(reply: Reply, temperature: float, draft_length: DraftLength | N
     return f"{head}\n{stats_text(result, reply.stats)}"
 
 
-def chat_line(target: Target, system: str | None, think: bool, max_new_tokens: int) -> str:
-    context = target.model.config.max_position_embeddings
+def chat_line(target: Target, system: str | None, think: bool, max_new_tokens: int, context: int) -> str:
     line = f"chat       {context} positions of context, at most {max_new_tokens} new tokens a turn"
     line += ", thinking on" if think else ""
     line += f", system {json.dumps(system.strip())}" if system is not None else ""
@@ -188,9 +188,11 @@ class Session:
 
 
 def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, json_output: bool = False,
-         source: TextIO, demo_target: Path = DEMO_TARGET) -> int:
+         source: TextIO, demo_target: Path = DEMO_TARGET, context: int | None = None) -> int:
     """Hold a conversation until /exit or the end of the input; returns the exit status."""
     check_values(flags)
+    if context is not None and context < 2:
+        refuse("--context", f"{context} positions hold no turn: give at least 2 (a prompt token and a reply)")
     if flags.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
     say: Callable[[str], None] = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
@@ -199,9 +201,11 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     assistant = load_assistant_from(flags, target, dev, dtype, say)
     say(sampling_line(target, assistant))
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
-    say(chat_line(target, system, think, max_new_tokens))
-    # --compile: the compiled steps on a static cache that holds the whole context
-    context = target.model.config.max_position_embeddings
+    # The positions the conversation may hold: --context, else the model's; with --compile at most COMPILED_CONTEXT
+    # unless asked, as every compiled step reads its static cache whole (gemma4/fast/README.md).
+    model_context = target.model.config.max_position_embeddings
+    context = min(model_context, context or (COMPILED_CONTEXT if flags.compile else model_context))
+    say(chat_line(target, system, think, max_new_tokens, context))
     compiled = compile_steps(target, assistant, context, say) if flags.compile else None
     prompt = not json_output and source.isatty()
     if prompt:
@@ -210,11 +214,12 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     say("")
 
     if compiled:
-        conversation = Conversation(compiled.target, tokenizer, compiled.drafter, system, think, target.stops)
+        conversation = Conversation(compiled.target, tokenizer, compiled.drafter, system, think, target.stops,
+                                    context)
         conversation.cache = compiled.cache
     else:
         conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think,
-                                    target.stops)
+                                    target.stops, context)
     session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say)
     with torch.inference_mode():  # one tiny forward, so that one-time start-up costs are not charged to turn 1
         target.model.run(torch.tensor([[BOS_ID]], device=dev))
@@ -266,6 +271,9 @@ def parser() -> Parser:
     p.add_argument("--think", action="store_true",
                    help="thinking on: the model may think before it answers; the thought is shown dimmed (on a "
                         "colour terminal) and left out of the history")
+    p.add_argument("--context", type=int, metavar="N",
+                   help="positions the conversation may hold (default: the model's context; with --compile "
+                        f"{COMPILED_CONTEXT}, the static cache every compiled step reads whole)")
     p.add_argument("--json", dest="json_output", action="store_true",
                    help="for scripts: stdin lines are user turns, stdout one JSON object per turn and nothing else")
     return p
@@ -275,7 +283,7 @@ def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     return guarded(lambda: main(flags=ModelFlags.parsed(args), system=args.system, think=args.think,
                                 json_output=args.json_output, source=sys.stdin if source is None else source,
-                                demo_target=demo_target))
+                                demo_target=demo_target, context=args.context))
 
 
 if __name__ == "__main__":

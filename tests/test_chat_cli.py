@@ -165,6 +165,20 @@ def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # no
     assert "unknown command /nonsense" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("speculative", [True, False])
+def test_a_smaller_context(speculative: bool, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+    """--context N: a reply stops where the conversation reaches N positions (the tokens of the same turn in the
+    model's context, cut there), and a turn that cannot fit is refused naming N."""
+    flags = model_flags(pair, ["--temperature", "0", *([] if speculative else ["--no-assistant"])])
+    _, full, _ = run_chat(capsys, flags, ["Hi."])
+    room = 5  # fewer than the 12 new tokens a turn
+    context = len(full[0]["prompt_ids"]) + room
+    status, out, err = run_chat(capsys, [*flags, "--context", str(context)], ["Hi.", "x" * 2 * context])
+    assert status == 0, err
+    assert out[0]["tokens"] == full[0]["tokens"][:room] and out[0]["finish_reason"] == "length"
+    assert out[1] == {"error": out[1]["error"]} and f"context holds {context}: /reset" in out[1]["error"]
+
+
 def test_dimmed_thought(tmp_path: Path) -> None:
     """A thought is dimmed on a colour sink and plain elsewhere; the text is the same."""
     from tests.tokenizer_fixture import write_tokenizer
@@ -190,6 +204,7 @@ def test_dimmed_thought(tmp_path: Path) -> None:
     (["--temperature", "0", "--seed", "1"], "--seed has no effect here"),
     (["--no-assistant", "--schedule", "heuristic"], "--schedule has no effect here"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--context", "1"], "--context"),
 ])
 def test_refusals(args: list[str], expected: str, capsys: pytest.CaptureFixture) -> None:
     try:

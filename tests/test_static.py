@@ -79,6 +79,19 @@ def test_conversation_on_a_static_cache(models, tmp_path, speculative: bool) -> 
         assert (mine.tokens, mine.reused) == (theirs.tokens, theirs.reused)
 
 
+def test_a_static_target_stops_at_its_context(models) -> None:  # noqa: ANN001
+    """StaticTarget(context=C): the loops stop at C positions (the cache's capacity), as at a model's context, and
+    a Conversation refuses a turn past it; the tokens are the unbounded run's, cut."""
+    target, drafter = models["e2b", "echo"]
+    ids, context = prompt("long"), len(prompt("long")) + 6
+    st, sd = StaticTarget(target, context=context), StaticDrafter(drafter)
+    assert st.config.max_position_embeddings == context and target.config.max_position_embeddings > context
+    cache = StaticKVCache(target.config, context)
+    assert sample_generate(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)[:6]
+    spec = speculative_generate(st, sd, ids, N, DraftLength(4), cache=cache)
+    assert spec.tokens == greedy_generate(target, ids, N)[:6] and spec.finish_reason == "length"
+
+
 def test_the_cache_writes_at_device_positions_and_reads_whole_buffers(models) -> None:  # noqa: ANN001
     target, _ = models["e2b", "echo"]
     cache = StaticKVCache(target.config, 16)

@@ -23,6 +23,7 @@ Shape legend: B batch (1), T new tokens, S cache capacity, K kv heads, D head di
 L layers, P PLE width.
 """
 
+import dataclasses
 import warnings
 from collections.abc import Collection
 from typing import TYPE_CHECKING
@@ -141,10 +142,13 @@ class StaticTarget:
     """The target as the loops and `prefill` use it (`config`, `embed_tokens`, `embed`, `logits`, `run`), run
     through static-shape steps on a `StaticKVCache`. `compiled_rows`: the row counts whose step is compiled
     (1 decodes, K + 1 verifies K drafts); any other count runs the same step eagerly (a prefill, a round the budget
-    cuts short), so no compile happens in the middle of a run."""
+    cuts short), so no compile happens in the middle of a run. `context`: the positions a run may reach, at most
+    the model's (`config.max_position_embeddings`, where the loops and a Conversation stop): the cache's capacity."""
 
-    def __init__(self, model: Gemma4Model, compiled_rows: Collection[int] = ()) -> None:
+    def __init__(self, model: Gemma4Model, compiled_rows: Collection[int] = (), context: int | None = None) -> None:
         c = model.config
+        if context is not None:  # what the loops cut at: a static cache's capacity, read whole every step
+            c = dataclasses.replace(c, max_position_embeddings=min(context, c.max_position_embeddings))
         self.model, self.config = model, c
         self.embed_tokens, self.logits = model.embed_tokens, model.logits  # the loops read the weight's device, dtype
         w = model.embed_tokens.weight

@@ -15,7 +15,8 @@ a drafter, plain decoding (gemma4/generate.py) without; gemma4/ never imports mt
   of the newest position, both the turn's prefill's.
 - Keyed sampling draws position n's token from noise keyed by (seed, n), so a turn on a reused
   cache gives the tokens of a fresh run over the same ids with the same settings, sampled or not.
-- The cache is sized to the context and grows as it fills (gemma4/cache.py).
+- The cache is sized to the context and grows as it fills (gemma4/cache.py). `context` may hold the
+  conversation to fewer positions than the model's: a turn's budget is cut to what fits.
 - Ctrl-C during a reply (KeyboardInterrupt) ends the turn: the tokens already handed to
   `on_commit` become the model's turn, finish reason "interrupted", and the conversation goes on.
 """
@@ -47,7 +48,7 @@ class ContextFull(ValueError):
     def __init__(self, needed: int, context: int) -> None:
         self.needed, self.context = needed, context
         super().__init__(f"this turn needs {needed} positions (the conversation and at least one reply "
-                         f"token) but the model's context holds {context}: /reset to start over")
+                         f"token) but the context holds {context}: /reset to start over")
 
 
 @dataclass
@@ -77,14 +78,16 @@ class Conversation:
     def __init__(
         self, target: Gemma4Model, tokenizer: Gemma4Tokenizer, drafter: Drafter | None = None,
         system: str | None = None, think: bool = False, stop_ids: Sequence[int] = DEFAULT_STOP_IDS,
+        context: int | None = None,
     ) -> None:
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        model_context = target.config.max_position_embeddings
+        self.context = model_context if context is None else min(context, model_context)  # positions it may hold
         self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
         self.empty_thought = needs_empty_thought(target.config)
         self.draft_length = DraftLength(4)  # used when a turn passes none; a heuristic schedule carries over
         w = target.embed_tokens.weight
-        self.cache = KVCache(target.config, target.config.max_position_embeddings, dtype=w.dtype, device=w.device,
-                             reserve=0)
+        self.cache = KVCache(target.config, self.context, dtype=w.dtype, device=w.device, reserve=0)
         self.held: list[int] = []  # ids whose K/V sit at positions 0..len-1 of the cache
         self.messages: list[Message] = []
         self.turn = 0
@@ -114,9 +117,9 @@ class Conversation:
         """
         start = time.perf_counter()
         ids = self.prompt_ids(user_text)
-        context = self.target.config.max_position_embeddings
-        if len(ids) + 1 > context:
-            raise ContextFull(len(ids) + 1, context)
+        if len(ids) + 1 > self.context:
+            raise ContextFull(len(ids) + 1, self.context)
+        max_new_tokens = min(max_new_tokens, self.context - len(ids))  # the loops stop at the model's context
         check_prompt(self.target, ids, max_new_tokens)  # bad settings fail before the cache is touched
         if self.drafter is not None:
             check_sampling(sampler, drafting)

@@ -328,7 +328,7 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
     k = assistant.draft_length.initial if assistant is not None else 0
     rows = tuple(t for t in (1, k + 1) if t <= capacity) if k else (1,)  # a verify never runs past the budget
     start = time.perf_counter()
-    static = StaticTarget(model, compiled_rows=rows)
+    static = StaticTarget(model, compiled_rows=rows, context=capacity)  # the loops stop where the cache ends
     drafter = StaticDrafter(assistant.drafter, compile=True) if assistant is not None else None
     w = model.embed_tokens.weight
     cache = StaticKVCache(model.config, capacity, w.dtype, w.device)
