@@ -77,8 +77,9 @@ def test_the_model_gives_the_textbook_tokens_reading_once_a_step(models, rows: i
     with gathered(target, rows):
         assert greedy_generate(target, ids, n) == plain
         assert speculative_generate(target, drafter, ids, n, DraftLength(k)).tokens == spec
-        counts = per_step(target, drafter, ids, 24, k=k, profile=True)
-    for kind in ("host_reads", "syncing_ops"):  # Tensor reads, and ops that wait for the device (nonzero, unique)
+        # Tensor reads; and, as a GPU loads it (rows 0), ops that wait for the device too (nonzero, unique)
+        counts = per_step(target, drafter, ids, 12, k=k, profile=rows == 0)
+    for kind in ("host_reads", "syncing_ops") if rows == 0 else ("host_reads",):
         assert counts[kind]["plain_step"] <= 1 and counts[kind]["spec_round"] <= 2, (kind, counts[kind])
 
 
