@@ -6,8 +6,9 @@ per MoE layer, and a graph cannot hold a loop whose length depends on the data. 
 same sum with shapes fixed by the row count alone:
 - Few (token, slot) pairs (N * k < X: a decode step, a verify): each pair's expert weights are gathered by the
   device's own indices (`weight[experts]`, (N*k, 2I, E)) and multiplied in one batched product. The gather copies
-  k experts a token: on a GPU a few microseconds, against a stall; on a CPU, where a read costs nothing, the copy
-  would be the cost, so eager CPU models keep the loop (`gather_experts` is applied by the loaders off the CPU).
+  k experts a token (26B-A4B: 95 MB a layer in bfloat16, tens of microseconds on a GPU) against a stall a layer; on
+  a CPU, where a read costs nothing, the copy would be the cost alone, so eager CPU models keep the loop
+  (`gather_experts` is applied by the loaders off the CPU; scripts/benchmark.md has both measured on a CPU).
   A compiled step gathers for its row counts, whatever X is.
 - Many (a prefill): the loop of `Experts.forward`. Its one read a layer is spread over many tokens, and the
   gather would copy more expert weights than there are experts.
