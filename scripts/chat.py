@@ -213,13 +213,11 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     sinks = text_sinks(flags.show_drafts, json_output, say)
     say("")
 
+    model, drafter = ((compiled.target, compiled.drafter) if compiled else
+                      (target.model, assistant and assistant.drafter))
+    conversation = Conversation(model, tokenizer, drafter, system, think, target.stops, context)
     if compiled:
-        conversation = Conversation(compiled.target, tokenizer, compiled.drafter, system, think, target.stops,
-                                    context)
         conversation.cache = compiled.cache
-    else:
-        conversation = Conversation(target.model, tokenizer, assistant and assistant.drafter, system, think,
-                                    target.stops, context)
     session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say)
     with torch.inference_mode():  # one tiny forward, so that one-time start-up costs are not charged to turn 1
         target.model.run(torch.tensor([[BOS_ID]], device=dev))

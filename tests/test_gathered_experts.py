@@ -42,12 +42,12 @@ def block(models: dict) -> tuple[TextConfig, Router, Experts]:
 
 @pytest.mark.parametrize("rows", [16, 0])
 def test_the_block_equals_the_loop(models, rows: int) -> None:  # noqa: ANN001
-    config, router, experts = block(models)
+    config, trained_router, experts = block(models)
     x, k = config.num_experts, config.top_k_experts
     loop = Experts(config).double()
     loop.load_state_dict(experts.state_dict())
     router = Router(config).double()
-    router.load_state_dict(block(models)[1].state_dict())
+    router.load_state_dict(trained_router.state_dict())
     model = nn.Sequential(loop)
     with gathered(model, rows):
         fast = model[0]

@@ -119,7 +119,7 @@ class Conversation:
         ids = self.prompt_ids(user_text)
         if len(ids) + 1 > self.context:
             raise ContextFull(len(ids) + 1, self.context)
-        max_new_tokens = min(max_new_tokens, self.context - len(ids))  # the loops stop at the model's context
+        max_new_tokens = min(max_new_tokens, self.context - len(ids))  # the loops stop only at the model's context
         check_prompt(self.target, ids, max_new_tokens)  # bad settings fail before the cache is touched
         if self.drafter is not None:
             check_sampling(sampler, drafting)
