@@ -291,3 +291,35 @@ def test_loading_under_inference_mode(pairs: dict[str, tuple[Path, Path]]) -> No
     with torch.inference_mode():
         target = load_target(pairs["e2b"][0])
     assert greedy_generate(target, PROMPT, 8) == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_fast_rms_norm_is_the_textbook_norm(dtype: torch.dtype) -> None:
+    """fast_rms_norm against gemma4/norms.py's formula, both measured against float64: the fast one's error is
+    at most a few of the output dtype's roundings (float64: to 1e-12), with a weight and without."""
+    from gemma4.fast.norms import fast_rms_norm
+    from gemma4.norms import rms_norm
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 5, 64, generator=g) * 3, torch.randn(64, generator=g)
+    for weight in (w, None):
+        exact = rms_norm(x.double(), None if weight is None else weight.double(), 1e-6)
+        fast = fast_rms_norm(x.to(dtype), None if weight is None else weight.to(dtype), 1e-6)
+        plain = rms_norm(x.to(dtype), None if weight is None else weight.to(dtype), 1e-6)
+        assert fast.dtype == plain.dtype == dtype
+        ulp = 1e-12 if dtype == torch.float64 else torch.finfo(dtype).eps
+        bound = 4 * ulp * float(exact.abs().max())
+        assert float((fast.double() - exact).abs().max()) <= bound
+        assert float((plain.double() - exact).abs().max()) <= bound
+
+
+def test_the_speed_layer_swaps_every_norm_and_keeps_its_weight(pairs: dict[str, tuple[Path, Path]]) -> None:
+    from gemma4.fast.norms import FastRMSNorm
+    from gemma4.norms import RMSNorm
+    target, fast = load_target(pairs["e2b"][0], fast=False), load_target(pairs["e2b"][0])
+    plain_norms = {n: m for n, m in target.named_modules() if isinstance(m, RMSNorm)}
+    fast_norms = {n: m for n, m in fast.named_modules() if isinstance(m, FastRMSNorm)}
+    assert plain_norms and set(plain_norms) == set(fast_norms)
+    assert not any(type(m) is RMSNorm for m in fast.modules())
+    assert target.state_dict().keys() == fast.state_dict().keys()
+    for name, norm in fast_norms.items():
+        torch.testing.assert_close(norm.weight, plain_norms[name].weight, atol=0, rtol=0)

@@ -1,5 +1,5 @@
 """`make_fast`: what the loaders do after building a model: every projection prepared once, plain or packed,
-and the fast modules swapped in (gemma4/fast/modules.py). The model's own files never import this.
+and the fast modules swapped in (gemma4/fast/modules.py, gemma4/fast/norms.py). The model's own files never import this.
 
 Memory: each product is made from its tensors read through a mapping of their own, gone once it is made:
 pages a mapping has read stay resident as long as it lives, and the model's views keep theirs alive.
@@ -19,7 +19,9 @@ from torch import nn
 from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import VERIFY_ROWS, Choice, Product, forced, measure
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
+from gemma4.fast.norms import FastRMSNorm
 from gemma4.model import MLP, Attention
+from gemma4.norms import RMSNorm
 
 # key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
 # that lives on with the model's views.
@@ -103,6 +105,9 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
             _swap(model, name, StackedMLP.replacing(module, product))
         else:
             _swap(model, name, FastLinear(module, product))
+    for name, module in list(model.named_modules()):
+        if type(module) is RMSNorm:  # the same weight, normed in fewer calls (gemma4/fast/norms.py)
+            _swap(model, name, FastRMSNorm(module))
     if next(model.parameters()).device.type != "cpu":
         gather_experts(model)  # MoE: a host read a layer would stall the device (gemma4/fast/experts.py)
     return list(choices.values())

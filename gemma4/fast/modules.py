@@ -20,7 +20,8 @@ from torch import nn
 
 from gemma4.fast.kernels import Product
 from gemma4.model import MLP, Attention, LayerInputs, apply_rope
-from gemma4.norms import gelu, rms_norm
+from gemma4.fast.norms import fast_rms_norm
+from gemma4.norms import gelu
 
 FOR_INFERENCE = "this model's products are prepared for inference: load it with fast=False to train it"
 
@@ -79,7 +80,7 @@ class StackedAttention(Attention):
         qkv = self.qkv(x).view(b, t, -1, self.head_dim)  # (B, T, H+2K, D), or (B, T, H+K, D) on K=V layers
         if not self.has_v_proj:  # K=V layers: V is the raw key projection, before k_norm
             qkv = torch.cat([qkv, qkv[:, :, h:]], dim=2)  # (B, T, H+2K, D)
-        qkv = rms_norm(qkv, self.norms, self.eps)  # q_norm, k_norm and the weightless v_norm at once
+        qkv = fast_rms_norm(qkv, self.norms, self.eps)  # q_norm, k_norm and the weightless v_norm at once
         qk = apply_rope(qkv[:, :, :h + kv], inp.cos, inp.sin)  # (B, T, H+K, D); V gets no RoPE
         return qk[:, :, :h], qk[:, :, h:].transpose(1, 2), qkv[:, :, h + kv:].transpose(1, 2)
 

@@ -132,7 +132,7 @@ def call(step, cudagraphs: bool, *args) -> tuple[torch.Tensor, ...]:  # noqa: AN
     if cudagraphs:
         torch.compiler.cudagraph_mark_step_begin()
     with torch._dynamo.config.patch(recompile_limit=GRAPHS), warnings.catch_warnings():
-        # Dynamo warns that it traces through rms_norm's lru_cache: it makes the eps tensor in the graph, as wanted.
+        # Dynamo warns that it traces through fast_rms_norm's lru_cache: it makes the eps tensor in the graph, as wanted.
         warnings.filterwarnings("ignore", "Dynamo detected a call to a `functools.lru_cache`", UserWarning)
         out = step(*args)
     return tuple(x.clone() for x in out) if cudagraphs else out
