@@ -48,6 +48,9 @@ class TextConfig:
     rms_norm_eps: float
     final_logit_softcapping: float | None
     max_position_embeddings: int
+    # Ids that stand for an image, video or audio soft token in a multimodal file. Their rows of the
+    # embedding table are never trained as text: a text-only model refuses them in a prompt.
+    media_token_ids: tuple[int, ...] = ()
 
     @property
     def first_shared_layer(self) -> int:

@@ -1,8 +1,11 @@
 """Reading a target's `config.json` key by key into a validated `TextConfig` (defaults as transformers 5.22.2).
 
 Facts a reader must know (gemma4/README.md §1-§3):
-- Official targets are multimodal (`model_type: gemma4`): the text fields sit in `text_config`.
-  A bare `gemma4_text` config (saved from a `Gemma4ForCausalLM`) holds them at the top level.
+- Official targets are multimodal (`model_type: gemma4`, or `gemma4_unified` for the 12B): the text
+  fields sit in `text_config`. A bare `gemma4_text` / `gemma4_unified_text` config (saved from a
+  `…ForCausalLM`) holds them at the top level.
+- The two text model types are one model read with different defaults (`TEXT_DEFAULTS`): the 12B's
+  ("unified") type has no fields for Per-Layer Embeddings or MoE, and a 1024-token window.
 - Sliding and full layers have different head sizes (`head_dim` vs `global_head_dim`) and, on K=V
   models, different kv-head counts. Files saved by transformers itself replace those two keys with a
   `per_layer_config` table; when present it is authoritative.
@@ -14,7 +17,24 @@ from typing import Any
 
 from gemma4.config import FULL, SLIDING, ConfigError, RopeConfig, TextConfig
 
-TEXT_MODEL_TYPES = ("gemma4", "gemma4_text")
+# Outer model_type -> (the text model_type it holds, where the text fields are, the tensor-name prefix).
+FILE_TYPES = {
+    "gemma4": ("gemma4_text", "text_config", "model.language_model."),
+    "gemma4_text": ("gemma4_text", None, "model."),
+    "gemma4_unified": ("gemma4_unified_text", "text_config", "model.language_model."),
+    "gemma4_unified_text": ("gemma4_unified_text", None, "model."),
+}
+# What transformers 5.22.2 assumes for an absent field, where the two text model types differ.
+TEXT_DEFAULTS = {
+    "gemma4_text": {"sliding_window": 512, "max_position_embeddings": 131_072},
+    "gemma4_unified_text": {"sliding_window": 1024, "max_position_embeddings": 262_144},
+}
+# Fields the unified text model does not have: transformers would ignore them, so a file that sets them
+# was not written for the model it names.
+NOT_UNIFIED = ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block", "num_experts",
+               "top_k_experts", "moe_intermediate_size")
+# The ids of a multimodal file's soft-token placeholders (defaults of both multimodal configs).
+MEDIA_FIELDS = {"image_token_id": 258_880, "video_token_id": 258_884, "audio_token_id": 258_881}
 
 
 def _require(d: dict[str, Any], key: str) -> Any:
@@ -42,10 +62,29 @@ DEFAULT_ROPE = {
 }
 
 
-def text_config_from_dict(d: dict[str, Any]) -> TextConfig:
-    """Resolve a `gemma4_text` dict (defaults as transformers 5.22.2) into per-layer geometry."""
-    if d.get("use_bidirectional_attention") == "all":
-        raise ConfigError("use_bidirectional_attention='all' is not a causal Gemma 4 text model")
+def _refuse_unimplemented(d: dict[str, Any], text_type: str) -> None:
+    """Fields that would change the math in a way this implementation does not compute: refused, never ignored."""
+    if d.get("use_bidirectional_attention") not in (None, "vision"):  # "vision": only image tokens look ahead
+        raise ConfigError(f"use_bidirectional_attention={d['use_bidirectional_attention']!r} is not a causal "
+                          f"Gemma 4 text model")
+    if _get(d, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ConfigError(f"hidden_activation={d['hidden_activation']!r}: only 'gelu_pytorch_tanh' is implemented")
+    if _get(d, "attention_bias", False):
+        raise ConfigError("attention_bias=true: Gemma 4 projections have no bias and none is implemented")
+    if not _get(d, "tie_word_embeddings", True):
+        raise ConfigError("tie_word_embeddings=false: the output head is the embedding table here (§13)")
+    if text_type == "gemma4_unified_text":
+        for key in NOT_UNIFIED:
+            if d.get(key):
+                raise ConfigError(f"{key}={d[key]!r} in a gemma4_unified text config: that model has no "
+                                  f"Per-Layer Embeddings or MoE; check the file's model_type")
+
+
+def text_config_from_dict(d: dict[str, Any], media_token_ids: tuple[int, ...] = ()) -> TextConfig:
+    """Resolve a Gemma 4 text dict (its `model_type` picks transformers 5.22.2's defaults) into per-layer geometry."""
+    text_type = d.get("model_type") if d.get("model_type") in TEXT_DEFAULTS else "gemma4_text"
+    defaults = TEXT_DEFAULTS[text_type]
+    _refuse_unimplemented(d, text_type)
     num_layers = int(_require(d, "num_hidden_layers"))
     layer_types = list(d.get("layer_types") or [SLIDING if (i + 1) % 6 else FULL for i in range(num_layers)])
     if len(layer_types) != num_layers:
@@ -89,7 +128,7 @@ def text_config_from_dict(d: dict[str, Any]) -> TextConfig:
         layer_types=tuple(layer_types),
         head_dims=tuple(head_dims),
         kv_heads=tuple(kvs),
-        sliding_window=int(_get(d, "sliding_window", 512)),
+        sliding_window=int(_get(d, "sliding_window", defaults["sliding_window"])),
         rope={t: _rope(rope_params.get(t, DEFAULT_ROPE[t]), t) for t in (SLIDING, FULL)},
         intermediate_size=int(_require(d, "intermediate_size")),
         use_double_wide_mlp=bool(_get(d, "use_double_wide_mlp", False)),
@@ -103,7 +142,8 @@ def text_config_from_dict(d: dict[str, Any]) -> TextConfig:
         moe_intermediate_size=int(_get(d, "moe_intermediate_size", 0)) if moe else 0,
         rms_norm_eps=float(_get(d, "rms_norm_eps", 1e-6)),
         final_logit_softcapping=d.get("final_logit_softcapping"),
-        max_position_embeddings=int(_get(d, "max_position_embeddings", 131_072)),
+        max_position_embeddings=int(_get(d, "max_position_embeddings", defaults["max_position_embeddings"])),
+        media_token_ids=tuple(media_token_ids),
     )
     if cfg.ple_dim and cfg.ple_vocab_size <= 0:
         raise ConfigError("hidden_size_per_layer_input is set but vocab_size_per_layer_input is not")
@@ -116,15 +156,31 @@ def text_config_from_dict(d: dict[str, Any]) -> TextConfig:
 
 
 def text_fields(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The text part of a target config.json and the tensor-name prefix that goes with it."""
+    """The text part of a target config.json (its `model_type` filled in) and the tensor-name prefix that goes with it."""
     model_type = raw.get("model_type")
-    if model_type == "gemma4":
-        if not isinstance(raw.get("text_config"), dict):
-            raise ConfigError("model_type 'gemma4' config has no text_config object")
-        return raw["text_config"], "model.language_model."
-    if model_type == "gemma4_text":
-        return raw, "model."
-    raise ConfigError(f"model_type={model_type!r} is not a Gemma 4 target (expected 'gemma4' or 'gemma4_text')")
+    if model_type not in FILE_TYPES:
+        expected = ", ".join(repr(t) for t in FILE_TYPES)
+        raise ConfigError(f"model_type={model_type!r} is not a Gemma 4 target (expected one of {expected})")
+    text_type, key, prefix = FILE_TYPES[model_type]
+    fields = raw if key is None else raw.get(key)
+    if not isinstance(fields, dict):
+        raise ConfigError(f"model_type {model_type!r} config has no {key} object")
+    if fields.get("model_type", text_type) != text_type:
+        raise ConfigError(f"a {model_type!r} config holds a {fields['model_type']!r} text_config, expected {text_type!r}")
+    return {**fields, "model_type": text_type}, prefix
+
+
+def media_token_ids(raw: dict[str, Any]) -> tuple[int, ...]:
+    """The soft-token placeholder ids of a multimodal file (none for a bare text file)."""
+    if FILE_TYPES.get(raw.get("model_type"), (None, None))[1] is None:
+        return ()
+    return tuple(int(raw.get(k, default)) for k, default in MEDIA_FIELDS.items() if raw.get(k, default) is not None)
+
+
+def target_config(raw: dict[str, Any]) -> tuple[TextConfig, str]:
+    """A target config.json's `TextConfig` and its tensor-name prefix."""
+    fields, prefix = text_fields(raw)
+    return text_config_from_dict(fields, media_token_ids(raw)), prefix
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -137,5 +193,4 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def load_config(model_dir: str | Path) -> TextConfig:
-    fields, _ = text_fields(read_json(Path(model_dir) / "config.json"))
-    return text_config_from_dict(fields)
+    return target_config(read_json(Path(model_dir) / "config.json"))[0]

@@ -28,6 +28,10 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
     bad = [i for i in prompt if not 0 <= i < c.vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
+    media = [i for i in prompt if i in c.media_token_ids]
+    if media:
+        raise ValueError(f"token id {media[0]} stands for an image, video or audio input: this model runs text "
+                         f"only, remove it from the prompt")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if len(prompt) >= c.max_position_embeddings:

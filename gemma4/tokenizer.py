@@ -15,10 +15,12 @@
 - The template writes `<bos>` itself, so nothing else adds one.
 - The instruction-tuned targets stop on any of `generation_config.json`'s `eos_token_id`
   ([1, 106, 50]: `<eos>`, `<turn|>`, `<|tool_response>`).
-- 26B-A4B and 31B append an empty, closed thought block to the generation prompt when thinking is
-  off; E2B and E4B do not (`needs_empty_thought`). Earlier model turns never carry it.
+- 12B, 26B-A4B and 31B append an empty, closed thought block to the generation prompt when thinking is
+  off; E2B and E4B do not. `needs_empty_thought` reads it from the checkpoint's chat template where there
+  is one, else from the family table below. Earlier model turns never carry it.
 """
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +47,33 @@ def strip_thought(text: str) -> str:
     return "".join(kept).strip()
 
 
-def needs_empty_thought(config: TextConfig) -> bool:
-    """26B-A4B and 31B write an empty thought block after `<|turn>model\\n` when thinking is off.
-    Only E2B/E4B have Per-Layer Embeddings, and their hidden size is at most 2560; the larger two
-    have no PLE and hidden 2816 / 5376."""
-    return not config.ple_dim and config.hidden_size > 2560
+# The generation prompt's empty thought block as a template spells it: its newline written as an escape
+# inside a Jinja string literal, or as a real one.
+EMPTY_THOUGHT = re.compile(r"<\|channel>thought(\\n|\n)<channel\|>")
+
+
+def chat_template(model_dir: Path) -> str | None:
+    """The checkpoint's chat template text: `chat_template.jinja`, else `tokenizer_config.json`'s
+    "chat_template" (a string, or named templates of which "default" is the chat one); None without one."""
+    file = Path(model_dir) / "chat_template.jinja"
+    if file.is_file():
+        return file.read_text(encoding="utf-8")
+    config = Path(model_dir) / "tokenizer_config.json"
+    template = read_json(config).get("chat_template") if config.is_file() else None
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    return template if isinstance(template, str) else None
+
+
+def needs_empty_thought(config: TextConfig, template: str | None = None) -> bool:
+    """Whether the generation prompt ends in `<|channel>thought\\n<channel|>` when thinking is off.
+
+    The checkpoint's template says so where there is one (it writes the block or it does not). Without
+    one, the family table: the families without Per-Layer Embeddings (12B, 26B-A4B, 31B) write it, the
+    two with them (E2B, E4B) do not."""
+    if template is not None:
+        return EMPTY_THOUGHT.search(template) is not None
+    return not config.ple_dim
 
 
 class Gemma4Tokenizer:
@@ -58,6 +82,7 @@ class Gemma4Tokenizer:
             self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         except Exception as e:  # tokenizers raises a bare Exception for unreadable files
             raise ConfigError(f"{tokenizer_file} is not a readable tokenizer.json ({e})") from None
+        self.chat_template = chat_template(Path(tokenizer_file).parent)  # None: the file has none beside it
 
     def encode(self, text: str) -> list[int]:
         """Exact ids of `text`; special tokens written in the text are recognised, nothing is added."""

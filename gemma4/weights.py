@@ -2,7 +2,8 @@
 
 Facts a reader must know (gemma4/README.md §17):
 - Official targets are multimodal files: text tensors start with `model.language_model.`, and the
-  vision/audio towers beside them are never read. A bare text file uses the prefix `model.`.
+  vision/audio towers beside them (the 12B's encoder-free `model.vision_embedder.` and
+  `model.embed_vision.` included) are never read. A bare text file uses the prefix `model.`.
 - A checkpoint is one `model.safetensors` or shards listed in `model.safetensors.index.json`.
 - No `lm_head.weight` is stored: the head is tied to `embed_tokens`.
 - The model is built on the meta device and each tensor goes straight from its shard into the module
@@ -27,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from gemma4.config import ConfigError, TextConfig
-from gemma4.config_file import read_json, text_config_from_dict, text_fields
+from gemma4.config_file import read_json, target_config, text_fields
 from gemma4.fast import make_fast
 from gemma4.fast.apply import Reader
 from gemma4.model import Gemma4Model
@@ -243,8 +244,7 @@ def load_target(
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
-    fields, prefix = text_fields(read_json(model_dir / "config.json"))
-    config = text_config_from_dict(fields)
+    config, prefix = target_config(read_json(model_dir / "config.json"))
     table = target_weight_table(config)
 
     def owned(name: str) -> bool:

@@ -18,15 +18,26 @@ from gemma4.weights import (
 from mtp.drafter import Drafter, DrafterConfig
 
 
+# An assistant's model_type -> the text model_type its text_config holds by default, and the target hidden size
+# transformers 5.22.2 assumes for `backbone_hidden_size` (E2B's 1536; the 12B's 3840).
+ASSISTANT_TYPES = {"gemma4_assistant": ("gemma4_text", 1536), "gemma4_unified_assistant": ("gemma4_unified_text", 3840)}
+
+
 def drafter_config_from_dict(raw: dict) -> DrafterConfig:
-    if raw.get("model_type") != "gemma4_assistant":
-        raise ConfigError(f"model_type={raw.get('model_type')!r} is not a Gemma 4 assistant ('gemma4_assistant')")
-    fields = dict(raw.get("text_config") or {})
+    if raw.get("model_type") not in ASSISTANT_TYPES:
+        expected = " or ".join(repr(t) for t in ASSISTANT_TYPES)
+        raise ConfigError(f"model_type={raw.get('model_type')!r} is not a Gemma 4 assistant ({expected})")
+    text_type, backbone = ASSISTANT_TYPES[raw["model_type"]]
+    fields = {"model_type": text_type, **(raw.get("text_config") or {})}
+    if fields["model_type"] not in ("gemma4_text", "gemma4_unified_text"):
+        raise ConfigError(f"an assistant's text_config has model_type={fields['model_type']!r}, expected "
+                          f"'gemma4_text' or 'gemma4_unified_text'")
     if not fields.get("num_kv_shared_layers"):  # transformers fills it in: every drafter layer is Q-only
         fields["num_kv_shared_layers"] = fields.get("num_hidden_layers")
     if fields["num_kv_shared_layers"] != fields.get("num_hidden_layers"):
         raise ConfigError("text_config.num_kv_shared_layers must equal num_hidden_layers: assistant layers own no K/V")
-    fields["hidden_size_per_layer_input"] = fields.get("hidden_size_per_layer_input") or 0
+    if fields["model_type"] == "gemma4_text":
+        fields["hidden_size_per_layer_input"] = fields.get("hidden_size_per_layer_input") or 0
     text = text_config_from_dict(fields)
     if text.ple_dim or text.enable_moe or text.use_double_wide_mlp:
         raise ConfigError("an assistant has no Per-Layer Embeddings, MoE or double-wide MLP")
@@ -34,7 +45,7 @@ def drafter_config_from_dict(raw: dict) -> DrafterConfig:
         raise ConfigError("an assistant needs sliding and full layers to read the target's two KV sources")
     cfg = DrafterConfig(
         text=text,
-        backbone_hidden_size=int(raw.get("backbone_hidden_size", 1536)),
+        backbone_hidden_size=int(raw.get("backbone_hidden_size", backbone)),
         use_ordered_embeddings=bool(raw.get("use_ordered_embeddings", False)),
         num_centroids=int(raw.get("num_centroids", 2048)),
         centroid_top_k=int(raw.get("centroid_intermediate_top_k", 32)),

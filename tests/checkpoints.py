@@ -25,6 +25,8 @@ Notable facts:
   `e2b`   8 layers s s F s F | s s F (last 3 KV-shared, sources 3 and 4), PLE P=8, double-wide MLP, no K=V.
   `moe`   6 layers s s F s s F, 8 experts top-2, K=V with full Hkv 1 != sliding Hkv 2, no PLE.
   `dense` 12 layers, full at 5 and 11 (TF pads its per_layer_config keys: "05", "11"), K=V, no PLE.
+  `12b`   6 layers s s F s s F as `gemma4_unified`: no PLE, MoE, KV sharing or K=V (sources 4 and 5).
+  Not in SHAPES: `12b_variant` (unified with K=V, 2 KV-shared layers, double-wide MLP), `mini` (2 layers).
 """
 
 import json
@@ -42,9 +44,17 @@ from transformers import (
     Gemma4ForConditionalGeneration,
     Gemma4TextConfig,
     Gemma4VisionConfig,
+    Gemma4UnifiedAssistantConfig,
+    Gemma4UnifiedAssistantForCausalLM,
+    Gemma4UnifiedConfig,
+    Gemma4UnifiedForCausalLM,
+    Gemma4UnifiedForConditionalGeneration,
+    Gemma4UnifiedTextConfig,
+    Gemma4UnifiedVisionConfig,
 )
 
-SHAPES = ("e2b", "moe", "dense")
+SHAPES = ("e2b", "moe", "dense", "12b")
+UNIFIED = ("12b", "12b_variant")  # written as transformers' `gemma4_unified` model
 STOP_IDS = [1, 106, 50]  # <eos>, <turn|>, <|tool_response>: what the IT generation_config.json lists
 VOCAB = 512
 HIDDEN = 64
@@ -97,6 +107,27 @@ _SHAPE_FIELDS: dict[str, dict] = {
         top_k_experts=2,
         moe_intermediate_size=32,
     ),
+    # 12B-like (`gemma4_unified`): no PLE, no MoE, no KV sharing, no K=V, single-wide MLP, as released, so
+    # the KV sources are the last sliding (4) and last full (5) layer.
+    "12b": dict(
+        num_hidden_layers=6,
+        layer_types=[S, S, F, S, S, F],
+        num_key_value_heads=2,
+        attention_k_eq_v=False,
+        intermediate_size=96,
+    ),
+    # Not in SHAPES: the unified model with the fields the 12B release leaves at their defaults set, read and
+    # applied (K=V with its own full kv heads, the last two layers KV-shared, a double-wide MLP on them).
+    "12b_variant": dict(
+        num_hidden_layers=6,
+        layer_types=[S, S, F, S, S, F],
+        num_key_value_heads=2,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        intermediate_size=96,
+    ),
     # Not in SHAPES: two layers, for the statistical tests, which run the model thousands of times.
     "mini": dict(
         num_hidden_layers=2,
@@ -118,10 +149,21 @@ _SHAPE_FIELDS: dict[str, dict] = {
 }
 
 
-def target_text_config(shape: str) -> Gemma4TextConfig:
+def target_text_config(shape: str) -> Gemma4TextConfig | Gemma4UnifiedTextConfig:
     if shape not in _SHAPE_FIELDS:
         raise ValueError(f"unknown shape {shape!r}; expected one of {tuple(_SHAPE_FIELDS)}")
-    return Gemma4TextConfig(**(_COMMON | _SHAPE_FIELDS[shape]))
+    fields = _COMMON | _SHAPE_FIELDS[shape]
+    if shape in UNIFIED:  # the unified text config has no Per-Layer Embedding fields at all
+        del fields["hidden_size_per_layer_input"], fields["vocab_size_per_layer_input"]
+        return Gemma4UnifiedTextConfig(**fields)
+    return Gemma4TextConfig(**fields)
+
+
+def _tiny_unified_vision_config() -> Gemma4UnifiedVisionConfig:
+    # The 12B's encoder-free embedder (`model.embed_vision.*`: layer norms, a patch projection, a position
+    # table): tensors a text-only loader must skip.
+    return Gemma4UnifiedVisionConfig(patch_size=2, pooling_kernel_size=2, mm_embed_dim=16, mm_posemb_size=8,
+                                     output_proj_dims=16)
 
 
 def _tiny_vision_config() -> Gemma4VisionConfig:
@@ -274,20 +316,27 @@ def write_target(
     """Write a tiny target checkpoint to `path` and return it.
 
     multimodal: `Gemma4ForConditionalGeneration` (model_type gemma4, text under `text_config`, tensors
-    `model.language_model.*`, plus a tiny vision tower); else `Gemma4ForCausalLM` (gemma4_text, `model.*`).
+    `model.language_model.*`, plus a tiny vision tower); else
+    `Gemma4ForCausalLM` (gemma4_text, `model.*`). The unified shapes use the `Gemma4Unified…` classes
+    (gemma4_unified / gemma4_unified_text), with the 12B's encoder-free vision embedder.
     """
     path = Path(path)
     text_config = target_text_config(shape)
     with torch.random.fork_rng():  # TF's init draws from the global RNG: keep the caller's stream intact
         torch.manual_seed(seed)
-        if multimodal:
+        unified = shape in UNIFIED
+        if multimodal and unified:
+            config = Gemma4UnifiedConfig(text_config=text_config, vision_config=_tiny_unified_vision_config(),
+                                         audio_config=None)
+            model = Gemma4UnifiedForConditionalGeneration(config)
+        elif multimodal:
             config = Gemma4Config(text_config=text_config, vision_config=_tiny_vision_config(), audio_config=None)
             model = Gemma4ForConditionalGeneration(config)
-            prefix = "model.language_model."
         else:
-            model = Gemma4ForCausalLM(text_config)
-            prefix = "model."
-    _rerandomise(model, prefix, prefix + "norm.weight", HIDDEN, text_config.hidden_size_per_layer_input, seed)
+            model = (Gemma4UnifiedForCausalLM if unified else Gemma4ForCausalLM)(text_config)
+        prefix = "model.language_model." if multimodal else "model."
+    ple = getattr(text_config, "hidden_size_per_layer_input", 0)
+    _rerandomise(model, prefix, prefix + "norm.weight", HIDDEN, ple, seed)
     # The IT releases sample by default; greedy must be asked for explicitly.
     model.generation_config = GenerationConfig(
         bos_token_id=2, pad_token_id=0, eos_token_id=STOP_IDS, do_sample=True, top_k=64, top_p=0.95, temperature=1.0
@@ -319,11 +368,13 @@ def write_assistant(
     """
     path = Path(path)
     target = AutoConfig.from_pretrained(target_path).get_text_config()
+    unified = target.model_type == "gemma4_unified_text"
     first_shared = target.num_hidden_layers - target.num_kv_shared_layers
     source = {kind: max(j for j in range(first_shared) if target.layer_types[j] == kind) for kind in (S, F)}
     sliding, full = target.per_layer_config[source[S]], target.per_layer_config[source[F]]
 
-    text_config = Gemma4TextConfig(
+    per_layer_fields = {} if unified else dict(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0)
+    text_config = (Gemma4UnifiedTextConfig if unified else Gemma4TextConfig)(
         vocab_size=target.vocab_size,
         hidden_size=DRAFTER_HIDDEN,
         intermediate_size=64,
@@ -338,12 +389,11 @@ def write_assistant(
         num_kv_shared_layers=4,  # every drafter layer reads the target's KV
         sliding_window=DRAFTER_WINDOW,
         max_position_embeddings=target.max_position_embeddings,
-        hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=0,
         final_logit_softcapping=None,
         tie_word_embeddings=True,
+        **per_layer_fields,
     )
-    config = Gemma4AssistantConfig(
+    config = (Gemma4UnifiedAssistantConfig if unified else Gemma4AssistantConfig)(
         text_config=text_config,
         backbone_hidden_size=target.hidden_size,
         use_ordered_embeddings=ordered_embeddings,
@@ -353,7 +403,7 @@ def write_assistant(
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Gemma4AssistantForCausalLM(config)
+        model = (Gemma4UnifiedAssistantForCausalLM if unified else Gemma4AssistantForCausalLM)(config)
     _rerandomise(model, "", "model.norm.weight", DRAFTER_HIDDEN, 0, seed + 1000)  # not the target's stream
     if echo:
         _make_echo(model, _read_target_embedding(Path(target_path)), seed + 2000)

@@ -155,6 +155,26 @@ def test_no_assistant_is_plain_decoding(pair: tuple[Path, Path], capsys: pytest.
     assert json.loads(out)["tokens"] == plain["tokens"]
 
 
+def test_a_12b_target_runs_and_refuses_media_tokens(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The issue's first run: a 12B-layout file with --no-assistant, then with its assistant, the same tokens; an
+    image token id in the prompt is one line and exit 2 (text only). The file's image id is moved into the tiny
+    vocabulary so a prompt can hold it."""
+    target = write_target(tmp_path / "target", "12b")
+    assistant = write_assistant(tmp_path / "assistant", target, ordered_embeddings=False, echo=True)
+    config = json.loads((target / "config.json").read_text())
+    assert config["model_type"] == "gemma4_unified" and "vision_config" in config
+    common = ["--target", str(target), "--prompt-ids", "2,105,7,300", "--max-new-tokens", "12", "--json"]
+    status, out, err = run_inprocess(capsys, [*common, "--no-assistant"])
+    assert status == 0, err
+    plain = json.loads(out)["tokens"]
+    status, out, err = run_inprocess(capsys, [*common, "--assistant", str(assistant)])
+    assert status == 0 and json.loads(out)["tokens"] == plain, err
+    config["image_token_id"] = 500
+    (target / "config.json").write_text(json.dumps(config))
+    status, out, err = run_inprocess(capsys, ["--target", str(target), "--no-assistant", "--prompt-ids", "2,105,500,7"])
+    assert_one_line_failure(status, out, err, "token id 500 stands for an image, video or audio input")
+
+
 def test_stream_marks_drafts_and_matches_json(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     target, assistant = pair
     common = ["--target", str(target), "--assistant", str(assistant), "--prompt", "tell me about foxes",

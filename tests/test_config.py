@@ -1,6 +1,7 @@
 """config.json parsing: the released configurations resolve to the geometry of gemma4/README.md §2-§3 and
 §16, both serialisation forms agree, and inconsistent configs are rejected with the field named."""
 
+import dataclasses
 import json
 
 import pytest
@@ -15,7 +16,9 @@ ROPE = {
 
 
 def released(name: str) -> dict:
-    """The text_config of the four released targets, as gemma4/README.md §16 tabulates them (official form)."""
+    """The text_config of the five released targets, as gemma4/README.md §16 tabulates them (official form).
+    The 12B's file is `gemma4_unified_text`: its layers, hidden size, window and context as its model card states
+    them; heads, head sizes and MLP width are transformers 5.22.2's defaults for that type."""
     common = {"vocab_size": 262144, "head_dim": 256, "global_head_dim": 512, "rms_norm_eps": 1e-6,
               "final_logit_softcapping": 30.0, "rope_parameters": ROPE, "model_type": "gemma4_text"}
     shapes = {
@@ -29,6 +32,9 @@ def released(name: str) -> dict:
                     num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=1024,
                     intermediate_size=2112, num_kv_shared_layers=0, hidden_size_per_layer_input=None,
                     enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704),
+        "12b": dict(model_type="gemma4_unified_text", hidden_size=3840, num_hidden_layers=48, period=6,
+                    sliding_window=1024, max_position_embeddings=262144,
+                    num_attention_heads=8, num_key_value_heads=4, intermediate_size=9216),  # transformers' defaults
         "31b": dict(hidden_size=5376, num_hidden_layers=60, period=6, num_attention_heads=32, num_key_value_heads=16,
                     num_global_key_value_heads=4, attention_k_eq_v=True, sliding_window=1024,
                     intermediate_size=21504, num_kv_shared_layers=0, hidden_size_per_layer_input=0),
@@ -41,7 +47,7 @@ def released(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name, sources, first_shared", [
-    ("e2b", (13, 14), 15), ("e4b", (22, 23), 24), ("26b", (28, 29), 30), ("31b", (58, 59), 60),
+    ("e2b", (13, 14), 15), ("e4b", (22, 23), 24), ("26b", (28, 29), 30), ("31b", (58, 59), 60), ("12b", (46, 47), 48),
 ])
 def test_released_kv_sources(name: str, sources: tuple[int, int], first_shared: int) -> None:
     c = text_config_from_dict(released(name))
@@ -60,6 +66,18 @@ def test_released_geometry() -> None:
     moe = text_config_from_dict(released("26b"))
     assert (moe.ple_dim, moe.num_experts, moe.top_k_experts) == (0, 128, 8)
     assert moe.rope[FULL].partial_rotary_factor == 0.25 and moe.rope[SLIDING].partial_rotary_factor == 1.0
+
+
+def test_unified_defaults() -> None:
+    """A unified file that leaves a field out gets transformers' default for that type, not the other type's."""
+    fields = {k: v for k, v in released("12b").items() if k not in ("sliding_window", "max_position_embeddings")}
+    c = text_config_from_dict(fields)
+    assert (c.sliding_window, c.max_position_embeddings) == (1024, 262144)
+    assert (c.ple_dim, c.enable_moe, c.use_double_wide_mlp, c.first_shared_layer) == (0, False, False, 48)
+    assert (c.head_dims[0], c.head_dims[5], c.kv_heads[0], c.kv_heads[5]) == (256, 512, 4, 4)  # no K=V: 4 kv heads
+    assert all(c.has_v_proj(i) for i in range(48))
+    plain = text_config_from_dict({**fields, "model_type": "gemma4_text"})
+    assert (plain.sliding_window, plain.max_position_embeddings) == (512, 131072)
 
 
 def test_per_layer_config_form_is_authoritative() -> None:
@@ -84,7 +102,9 @@ def test_multimodal_and_bare_files(tmp_path) -> None:  # noqa: ANN001
     assert text_fields(json.loads((tmp_path / "config.json").read_text()))[1] == "model.language_model."
     multimodal = load_config(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(text))
-    assert load_config(tmp_path) == multimodal
+    bare = load_config(tmp_path)
+    assert sorted(multimodal.media_token_ids) == [258880, 258881, 258884] and bare.media_token_ids == ()
+    assert dataclasses.replace(bare, media_token_ids=multimodal.media_token_ids) == multimodal
 
 
 @pytest.mark.parametrize("change, field", [
@@ -103,6 +123,40 @@ def test_inconsistent_configs_name_the_field(tmp_path, change: dict, field: str)
                                                      {"model_type": "gemma4", "text_config": text}))
     with pytest.raises(ConfigError, match=field):
         load_config(tmp_path)
+
+
+UNIFIED_TEXT = {"hidden_size": 3840, "num_hidden_layers": 12, "intermediate_size": 9216, "num_attention_heads": 8,
+                "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262144}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"hidden_size_per_layer_input": 256}, "hidden_size_per_layer_input"),
+    ({"enable_moe_block": True}, "enable_moe_block"),
+    ({"num_experts": 128}, "num_experts"),
+    ({"hidden_activation": "gelu"}, "hidden_activation"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"tie_word_embeddings": False}, "tie_word_embeddings"),
+    ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+    ({"model_type": "gemma4_text"}, "gemma4_text"),
+])
+def test_unified_fields_not_implemented_are_refused(tmp_path, change: dict, field: str) -> None:  # noqa: ANN001
+    """A field of a 12B file that this implementation would not apply is refused with one line naming it."""
+    text = {"model_type": "gemma4_unified_text", **UNIFIED_TEXT, **change}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4_unified", "text_config": text}))
+    with pytest.raises(ConfigError, match=field) as caught:
+        load_config(tmp_path)
+    assert "\n" not in str(caught.value)
+
+
+def test_unified_file_is_read(tmp_path) -> None:  # noqa: ANN001
+    raw = {"model_type": "gemma4_unified", "text_config": {"model_type": "gemma4_unified_text", **UNIFIED_TEXT},
+           "image_token_id": 258880, "audio_token_id": 258881, "video_token_id": 258884}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    c = load_config(tmp_path)
+    assert text_fields(raw)[1] == "model.language_model."
+    assert sorted(c.media_token_ids) == [258880, 258881, 258884] and c.sliding_window == 1024
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4_unified_text", **UNIFIED_TEXT}))
+    assert load_config(tmp_path).media_token_ids == ()  # a bare text file has no media placeholders
 
 
 def test_unreadable_config(tmp_path) -> None:  # noqa: ANN001

@@ -144,3 +144,21 @@ def test_pair_checks_name_both_checkpoints(tmp_path: Path) -> None:
     config["text_config"]["num_kv_shared_layers"] = 2
     with pytest.raises(ConfigError, match="num_kv_shared_layers must equal num_hidden_layers"):
         drafter_config_from_dict(config)
+
+
+def test_a_12b_assistant_belongs_to_the_12b_alone(tmp_path: Path) -> None:
+    """The 12B's assistant (`gemma4_unified_assistant`) loads and pairs with its target, and is refused on every
+    other family's target with one line; theirs are refused on the 12B's."""
+    targets = {shape: write_target(tmp_path / shape, shape) for shape in SHAPES}
+    unified = load_drafter(write_assistant(tmp_path / "12b-assistant", targets["12b"], ordered_embeddings=False))
+    config = json.loads((tmp_path / "12b-assistant" / "config.json").read_text())
+    assert config["model_type"] == "gemma4_unified_assistant"
+    check_pair(load_target(targets["12b"]).config, unified.config, "T", "A")
+    for shape in set(SHAPES) - {"12b"}:
+        other = load_drafter(write_assistant(tmp_path / f"{shape}-assistant", targets[shape], ordered_embeddings=False))
+        for target, drafter in ((targets[shape], unified), (targets["12b"], other)):
+            with pytest.raises(ConfigError, match=r"^assistant A does not belong to target T: [^\n]+$"):
+                check_pair(load_target(target).config, drafter.config, "T", "A")
+    config["model_type"] = "gemma4_assistent"
+    with pytest.raises(ConfigError, match="'gemma4_assistant' or 'gemma4_unified_assistant'"):
+        drafter_config_from_dict(config)

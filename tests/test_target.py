@@ -1,6 +1,6 @@
 """The target against transformers 5.22.2 on the same tiny files: full-prompt logits and step-by-step
 cached logits (float32, bound against a float64 run: tests/tolerance.py) and 64-token greedy decoding,
-for the three shapes, with prompts longer than the sliding window (8). Plus our cached decoder against
+for every shape (and the unified file with K=V, KV sharing and a double-wide MLP set), with prompts longer than the sliding window (8). Plus our cached decoder against
 our cache-free reference decoder."""
 
 from pathlib import Path
@@ -21,7 +21,9 @@ def prompt(seed: int, length: int, vocab: int = 512) -> list[int]:
     return [2] + torch.randint(3, vocab, (length - 1,), generator=g).tolist()  # BOS, then no special ids
 
 
-@pytest.fixture(scope="module", params=SHAPES)
+# The 12B release leaves K=V, KV sharing and the double-wide MLP at their defaults (off): the variant sets them,
+# so that reading and applying them in a unified file is tested too.
+@pytest.fixture(scope="module", params=SHAPES + ("12b_variant",))
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     return request.param, write_target(tmp_path_factory.mktemp(request.param), request.param)
 

@@ -75,3 +75,42 @@ def test_stop_ids(tmp_path: Path) -> None:
     assert stop_ids(tmp_path) == [1, 106, 50]  # the IT releases' generation_config.json wins
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 1}))
     assert stop_ids(tmp_path) == [1]
+
+
+# Two templates written the way Gemma 4's are (turns, the generation prompt, and for the larger families the empty
+# thought block when thinking is off), rendered by transformers' own `apply_chat_template`.
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] | trim }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n"
+    "{% if not enable_thinking | default(false) %}{{ '<|channel>thought\\n<channel|>' }}{% endif %}{% endif %}"
+)
+WITHOUT_BLOCK = TEMPLATE.replace("{{ '<|channel>thought\\n<channel|>' }}", "")
+SPECIALS_ID = {text: i for i, text in SPECIALS.items()}
+
+
+@pytest.mark.parametrize("template, family_has_ple", [(TEMPLATE, True), (WITHOUT_BLOCK, False), (None, False),
+                                                      (None, True)])
+def test_the_empty_thought_block_is_what_the_template_renders(tmp_path: Path, template: str | None,
+                                                              family_has_ple: bool) -> None:
+    """The checkpoint's template decides, whatever the family (a template is read from chat_template.jinja or
+    tokenizer_config.json); without one the family table does (no PLE: 12B, 26B-A4B, 31B write the block)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from gemma4.config_file import text_config_from_dict
+    from gemma4.tokenizer import needs_empty_thought
+    from tests.checkpoints import target_text_config
+    config = text_config_from_dict(target_text_config("e2b" if family_has_ple else "12b").to_dict())
+    if template is not None and family_has_ple:
+        (tmp_path / "chat_template.jinja").write_text(template)
+    elif template is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    tok = Gemma4Tokenizer(write_tokenizer(tmp_path))
+    assert tok.chat_template == template
+    empty_thought = needs_empty_thought(config, tok.chat_template)
+    ours = tok.render([Message("user", " Hi there ")], empty_thought=empty_thought)
+    rendered = template if template is not None else (WITHOUT_BLOCK if family_has_ple else TEMPLATE)
+    theirs = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), bos_token="<bos>")
+    expected = theirs.apply_chat_template([{"role": "user", "content": " Hi there "}], chat_template=rendered,
+                                          add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert ours == list(expected)
+    assert empty_thought == (ours[-1] == SPECIALS_ID["<channel|>"])

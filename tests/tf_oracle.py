@@ -45,10 +45,22 @@ from transformers import (
     Gemma4AssistantForCausalLM,
     Gemma4ForCausalLM,
     Gemma4ForConditionalGeneration,
+    Gemma4UnifiedAssistantForCausalLM,
+    Gemma4UnifiedForCausalLM,
+    Gemma4UnifiedForConditionalGeneration,
     PreTrainedModel,
 )
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm, Gemma4TextRotaryEmbedding, Gemma4TextRouter
+from transformers.models.gemma4_unified.modeling_gemma4_unified import (
+    Gemma4UnifiedRMSNorm, Gemma4UnifiedTextRotaryEmbedding,
+)
+
+# The class transformers loads a target or an assistant file with, by its model_type.
+TARGET_CLASSES = {"gemma4": Gemma4ForConditionalGeneration, "gemma4_text": Gemma4ForCausalLM,
+                  "gemma4_unified": Gemma4UnifiedForConditionalGeneration, "gemma4_unified_text": Gemma4UnifiedForCausalLM}
+ASSISTANT_CLASSES = {"gemma4_assistant": Gemma4AssistantForCausalLM,
+                     "gemma4_unified_assistant": Gemma4UnifiedAssistantForCausalLM}
 
 
 def _ids(ids: list[int]) -> Tensor:
@@ -56,9 +68,8 @@ def _ids(ids: list[int]) -> Tensor:
 
 
 def tf_target(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """The target as TF loads it: the multimodal class for model_type gemma4, else the bare text class."""
-    model_type = AutoConfig.from_pretrained(path).model_type
-    cls = Gemma4ForConditionalGeneration if model_type == "gemma4" else Gemma4ForCausalLM
+    """The target as TF loads it: the multimodal class for a multimodal model_type, else the bare text class."""
+    cls = TARGET_CLASSES[AutoConfig.from_pretrained(path).model_type]
     # eager in float32: plain matmuls with an fp32 softmax, and the per-expert loop for MoE (TF would
     # otherwise pick sdpa and grouped_mm): the most literal reading of the formulas.
     model = cls.from_pretrained(
@@ -68,7 +79,8 @@ def tf_target(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTraine
 
 
 def tf_assistant(path: str | Path, dtype: torch.dtype = torch.float32) -> Gemma4AssistantForCausalLM:
-    model = Gemma4AssistantForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=_attention(dtype))
+    cls = ASSISTANT_CLASSES[AutoConfig.from_pretrained(path).model_type]  # the unified one subclasses the other
+    model = cls.from_pretrained(path, dtype=dtype, attn_implementation=_attention(dtype))
     return _float64_throughout(model.eval()) if dtype == torch.float64 else model.eval()
 
 
@@ -119,11 +131,11 @@ def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
     (no class is patched) with the same formulas in the input's dtype (attention: sdpa, see
     `_attention`), and takes our RoPE frequencies (`_power_frequencies`)."""
     for module in model.modules():
-        if isinstance(module, Gemma4RMSNorm):
+        if isinstance(module, (Gemma4RMSNorm, Gemma4UnifiedRMSNorm)):
             module.forward = MethodType(_rms_norm_in_dtype, module)
         elif isinstance(module, Gemma4TextRouter):
             module.forward = MethodType(_router_in_dtype, module)
-        elif isinstance(module, Gemma4TextRotaryEmbedding):
+        elif isinstance(module, (Gemma4TextRotaryEmbedding, Gemma4UnifiedTextRotaryEmbedding)):
             _power_frequencies(module)
     return model
 

@@ -84,7 +84,7 @@ class Conversation:
         model_context = target.config.max_position_embeddings
         self.context = model_context if context is None else min(context, model_context)  # positions it may hold
         self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
-        self.empty_thought = needs_empty_thought(target.config)
+        self.empty_thought = needs_empty_thought(target.config, tokenizer.chat_template)
         self.draft_length = DraftLength(4)  # used when a turn passes none; a heuristic schedule carries over
         w = target.embed_tokens.weight
         self.cache = KVCache(target.config, self.context, dtype=w.dtype, device=w.device, reserve=0)

@@ -1,9 +1,9 @@
-"""scripts/benchmark.py's `device` section: one run that checks an accelerator end to end, sized for a lent GPU.
+"""scripts/benchmark.py's `device` section: one run that checks an accelerator end to end.
 
-    python scripts/benchmark.py --only device --device cuda --json > out.json   # one H200: a few minutes
+    python scripts/benchmark.py --only device --device cuda --json > out.json
     python scripts/benchmark.py --only device --device-small --json             # the same checks, tiny, on a CPU
 
-Two random pairs (random_pair.py), written once under `--device-dir` (/dev/shm, or the temp directory when
+Four random pairs (random_pair.py), written once under `--device-dir` (/dev/shm, or the temp directory when
 /dev/shm lacks the room) in bfloat16 with the full 262,144-token vocabulary:
 - `e2b`: E2B's dimensions (random_pair.e2b_configs): PLE, KV sharing, the centroid head;
 - `31b_layers`: 4 layers of 31B's (gemma4/README.md §16, mtp/README.md §1): hidden 5376, 32 query heads,
@@ -11,6 +11,9 @@ Two random pairs (random_pair.py), written once under `--device-dir` (/dev/shm, 
   window 1024, no PLE or KV sharing; its assistant 1024 wide (MLP 8192, 32 heads) with a dense head.
 - `26b_layers`: 4 layers of 26B-A4B's: hidden 2816, 16 query heads, 8 kv heads of 256 sliding and 2 of 512
   full, K=V, dense MLP 2112 beside 128 experts of width 704, top 8; its assistant as 31B's.
+- `12b_layers`: 4 layers of the 12B's as a `gemma4_unified_text` file: hidden 3840, 8 query heads, 4 kv heads of
+  256 sliding and 512 full (no K=V), MLP 9216, window 1024, no PLE, MoE or KV sharing; its assistant
+  (`gemma4_unified_assistant`) as 31B's.
 `--device-small` shrinks them (vocabulary 512, widths 16-64) and the copy, so a CPU runs it in seconds.
 
 Every check is recorded on its own: one that raises records {"error": "Type: message"} and the rest run on.
@@ -97,6 +100,28 @@ def l26b_configs(vocab: int, small: bool) -> tuple[dict[str, Any], dict[str, Any
     assistant = assistant_config(target, num_centroids=1, top_k=1, **drafter)
     assistant["use_ordered_embeddings"] = False
     assistant["text_config"] |= k_eq_v
+    return target, assistant
+
+
+def l12b_configs(vocab: int, small: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """4 layers (sliding x3, full) of the 12B's target as a `gemma4_unified_text` file, and an assistant like 31B's."""
+    if small:
+        dims = dict(hidden=64, intermediate=96, heads=4, kv_heads=2, head_dim=16, window=8)
+        drafter = dict(hidden=32, intermediate=64, heads=4)
+    else:  # hidden and window as released; heads, head sizes and MLP width transformers' defaults (§16)
+        dims = dict(hidden=3840, intermediate=9216, heads=8, kv_heads=4, head_dim=256, window=1024)
+        drafter = dict(hidden=1024, intermediate=8192, heads=32)
+    target = target_config(vocab, layers=4, shared=0, ple_dim=0, double_wide=False, **dims)
+    for key in ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block"):
+        del target[key]  # the unified text model has no such fields
+    target |= {"architectures": ["Gemma4UnifiedForCausalLM"], "model_type": "gemma4_unified_text",
+               "max_position_embeddings": 262_144}
+    assistant = assistant_config(target | {"hidden_size_per_layer_input": 0}, num_centroids=1, top_k=1, **drafter)
+    assistant |= {"architectures": ["Gemma4UnifiedAssistantForCausalLM"], "model_type": "gemma4_unified_assistant",
+                  "use_ordered_embeddings": False}
+    for key in ("hidden_size_per_layer_input", "vocab_size_per_layer_input"):
+        del assistant["text_config"][key]
+    assistant["text_config"]["model_type"] = "gemma4_unified_text"
     return target, assistant
 
 
@@ -322,7 +347,7 @@ def device_section(device: str, root: Path, small: bool, tokens: int, reps: int,
     clock = Clock(dev)
     vocab = 512 if small else FULL_VOCAB
     pairs = {"e2b": small_e2b_configs(vocab) if small else e2b_configs(vocab), "31b_layers": l31b_configs(vocab, small),
-             "26b_layers": l26b_configs(vocab, small)}
+             "26b_layers": l26b_configs(vocab, small), "12b_layers": l12b_configs(vocab, small)}
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
                            "torch": torch.__version__, "small": small, "vocab": vocab, "tokens": tokens, "reps": reps}
     need = sum(pair_bytes(*configs, BF16) for configs in pairs.values())
@@ -372,7 +397,7 @@ def device_table(result: dict[str, Any]) -> str:
                                                            f"{c['mib']} MiB, best)"),
              line("keyed bits == CPU", d.get("keyed_bits"), lambda k: f"{k['equal']} ({k['cases']} cases x {k['ids']} "
                                                                    f"ids; noise rel. diff {k['noise_max_rel_diff']:.1e})")]
-    for name in ("e2b", "31b_layers", "26b_layers"):
+    for name in ("e2b", "31b_layers", "26b_layers", "12b_layers"):
         p = d.get(name)
         if p is None:
             continue

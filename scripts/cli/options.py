@@ -35,7 +35,7 @@ from gemma4.config_file import read_json
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
-from gemma4.tokenizer import Gemma4Tokenizer, needs_empty_thought, stop_ids
+from gemma4.tokenizer import Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
 from gemma4.weights import load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.schedule import MAX_K
@@ -248,7 +248,7 @@ class Target:
     model: Gemma4Model
     tokenizer: Gemma4Tokenizer | None
     chat: bool  # has a chat template: user text goes into Gemma 4's turns
-    empty_thought: bool  # the 26B-A4B / 31B generation prompt ends in an empty thought block
+    empty_thought: bool  # the generation prompt ends in an empty thought block (12B, 26B-A4B, 31B)
     stops: list[int]
     sampler: SamplerConfig
     from_file: str  # the sampling keys generation_config.json supplied, for the header line
@@ -282,7 +282,8 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None],
     say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
         f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'})")
     target = Target(name, target_dir, model, tokenizer, chat=has_chat_template(target_dir),
-                    empty_thought=needs_empty_thought(model.config), stops=stops, sampler=sampler, from_file=from_file)
+                    empty_thought=needs_empty_thought(model.config, chat_template(target_dir)), stops=stops,
+                    sampler=sampler, from_file=from_file)
     return target, dev, dtype
 
 
