@@ -7,7 +7,7 @@ assisted run: 32 s vs 0.4 s); tests should call torch.set_num_threads(1) (e.g. i
 
 What TF's MTP generator (`SinglePositionMultiTokenCandidateGenerator.get_candidates`) feeds the drafter
 in the FIRST drafting round, for a prompt of P tokens (positions 0..P-1). Checked with a forward
-pre-hook on the assistant inside TF's generate on all three shapes; `tf_drafter_step` below feeds the
+pre-hook on the assistant inside TF's generate on the test shapes; `tf_drafter_step` below feeds the
 same and reproduces TF's first-round drafts exactly:
   - TF's first loop iteration drafts nothing: the target prefills the prompt and commits
     g0 = argmax(logits[P-1]) at position P. The next iteration is the first drafting round.
