@@ -20,22 +20,27 @@ from gemma4.sampling import TOKEN_STREAM, SamplerConfig, sample
 Chooser = Callable[[torch.Tensor, int], int]
 
 
+class PromptError(ValueError):
+    """A prompt or budget the model cannot run (empty, ids outside the vocabulary or standing for media, past
+    the context)."""
+
+
 def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
     """Reject what the model cannot run, with a message that says what to change."""
     c = model.config
     if not prompt:
-        raise ValueError("the prompt is empty: give at least one token")
+        raise PromptError("the prompt is empty: give at least one token")
     bad = [i for i in prompt if not 0 <= i < c.vocab_size]
     if bad:
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
+        raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
     media = [i for i in prompt if i in c.media_token_ids]
     if media:
-        raise ValueError(f"token id {media[0]} stands for an image, video or audio input: this model runs text "
-                         f"only, remove it from the prompt")
+        raise PromptError(f"token id {media[0]} stands for an image, video or audio input: this model runs text "
+                          f"only, remove it from the prompt")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if len(prompt) >= c.max_position_embeddings:
-        raise ValueError(
+        raise PromptError(
             f"the prompt has {len(prompt)} tokens; the model's context is {c.max_position_embeddings}: shorten it"
         )
 

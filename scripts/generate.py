@@ -10,7 +10,8 @@
   not a terminal) the text with its draft marks go to stderr. `--json` prints one JSON object on
   stdout instead, and keeps stderr quiet.
 - Whatever the user can get wrong ends as one line `error: ...` on stderr and exit status 2, never a
-  traceback; Ctrl-C keeps what was generated so far and exits 130.
+  traceback; a bug in the code prints its traceback, exit status 1; Ctrl-C keeps what was generated so
+  far and exits 130.
 """
 
 import argparse

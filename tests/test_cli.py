@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import generate  # scripts/generate.py (pyproject.toml puts scripts/ on pytest's path)
+from cli.options import guarded
 from cli.stream import Sink, Stream
 from gemma4.tokenizer import Gemma4Tokenizer
 from tests.checkpoints import STOP_IDS, write_assistant, write_target
@@ -365,6 +366,54 @@ def test_hub_id_offline(tmp_path: Path) -> None:
     proc = run_subprocess(["--target", "google/gemma-4-no-such-model-it"],
                           env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)})
     assert_one_line_failure(proc.returncode, proc.stdout, proc.stderr, "cannot fetch google/gemma-4-no-such-model-it")
+
+
+GENERATION_CONFIG_CASES = {  # name -> (which model, what its generation_config.json gets, what the error line says)
+    "top_k not a number": ("target", {"top_k": "many"}, "top_k is 'many', not a number"),
+    "top_k below 0": ("target", {"top_k": -3}, "top_k must be an integer >= 0"),
+    "temperature not a number": ("target", {"temperature": [1]}, "temperature is [1], not a number"),
+    "no drafts a round": ("assistant", {"num_assistant_tokens": 0}, "num_assistant_tokens is 0, at least 1"),
+}
+
+
+@pytest.mark.parametrize("case", GENERATION_CONFIG_CASES)
+def test_bad_generation_config(case: str, pair: tuple[Path, Path], tmp_path: Path,
+                               capsys: pytest.CaptureFixture) -> None:
+    which, values, expected = GENERATION_CONFIG_CASES[case]
+    target, assistant = _copy(pair[0], tmp_path / "target"), _copy(pair[1], tmp_path / "assistant")
+    file = (target if which == "target" else assistant) / "generation_config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **values}))
+    status, out, err = run_inprocess(capsys, ["--target", str(target), "--assistant", str(assistant)])
+    assert_one_line_failure(status, out, err, expected)
+    assert str(file) in err  # the line names the file to correct
+
+
+@pytest.mark.parametrize("bug", [ValueError("boom"), AttributeError("boom"), OSError(5, "boom")])
+def test_a_bug_keeps_its_traceback(bug: Exception, pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture) -> None:
+    """An exception that is none of the user's mistakes is the code's: its traceback, exit status 1."""
+    def broken(*args: object, **kwargs: object) -> list[int]:
+        raise bug
+    monkeypatch.setattr(generate, "sample_generate", broken)  # the library's decoder, inside the run
+    status, out, err = run_inprocess(capsys, ["--target", str(pair[0]), "--no-assistant", "--prompt", "hi"])
+    assert status == 1
+    assert "Traceback (most recent call last)" in err and "in broken" in err
+    assert err.strip().splitlines()[-1] == f"{type(bug).__name__}: {bug}"
+    assert not [line for line in err.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize("error, status", [
+    (PermissionError(13, "Permission denied", "prompts.txt"), 2),  # a file the user named: theirs to fix
+    (BrokenPipeError(32, "Broken pipe"), 2),  # the reader of stdout went away
+    (OSError(5, "Input/output error"), 1),  # about no file: from inside, a bug
+])
+def test_os_errors(error: OSError, status: int, capsys: pytest.CaptureFixture) -> None:
+    def run() -> int:
+        raise error
+    assert guarded(run) == status
+    err = capsys.readouterr().err
+    assert ("Traceback" in err) == (status == 1)
+    assert err.strip().splitlines()[-1].startswith("error: " if status == 2 else "OSError")
 
 
 def test_ctrl_c_prints_what_was_generated(pair: tuple[Path, Path]) -> None:

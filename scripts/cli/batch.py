@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cli.options import UsageError
 from gemma4.extras.batch import sample_generate_batch
 from gemma4.generate import sample_generate
 from gemma4.model import Gemma4Model
@@ -41,17 +42,17 @@ def read_prompts(path: str) -> list[str]:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = getattr(e, "strerror", None) or type(e).__name__
-        raise ValueError(f"cannot read --prompts-file {path} ({reason}): give a readable UTF-8 text file") from None
+        raise UsageError(f"cannot read --prompts-file {path} ({reason}): give a readable UTF-8 text file") from None
     lines = text.splitlines()
     blocks_mode = SEPARATOR in (line.strip() for line in lines)
     while lines and lines[-1].strip() in ("", SEPARATOR):  # blank lines and a closing separator at the end
         lines.pop()
     if not lines:
-        raise ValueError(f"--prompts-file {path} is empty: write one prompt per line")
+        raise UsageError(f"--prompts-file {path} is empty: write one prompt per line")
     if not blocks_mode:
         for i, line in enumerate(lines, 1):
             if not line.strip():
-                raise ValueError(f"line {i} of --prompts-file {path} is empty: one prompt per line, or prompts "
+                raise UsageError(f"line {i} of --prompts-file {path} is empty: one prompt per line, or prompts "
                                  f"that span lines separated by lines holding only {SEPARATOR}")
         return lines
     blocks, current, first = [], [], 1
@@ -63,7 +64,7 @@ def read_prompts(path: str) -> list[str]:
             first = 2
             continue
         if not "\n".join(current).strip():
-            raise ValueError(f"the prompt at line {first} of --prompts-file {path} is empty: write text "
+            raise UsageError(f"the prompt at line {first} of --prompts-file {path} is empty: write text "
                              f"between the {SEPARATOR} lines")
         blocks.append("\n".join(current))
         current, first = [], i + 1
@@ -76,13 +77,13 @@ def split_prompts(texts: list[str] | None, ids: list[list[int]] | None,
     texts, ids = list(texts or []), list(ids or [])
     if file is not None:
         if ids:
-            raise ValueError("--prompts-file holds text prompts: give --prompt with it, not --prompt-ids")
+            raise UsageError("--prompts-file holds text prompts: give --prompt with it, not --prompt-ids")
         texts += read_prompts(file)
     rows: list = texts or ids
     if len(rows) > 1:
         for row in rows:
             if (isinstance(row, str) and not row.strip()) or row == []:
-                raise ValueError("one of the prompts is empty: give each --prompt some text, each --prompt-ids some ids")
+                raise UsageError("one of the prompts is empty: give each --prompt some text, each --prompt-ids some ids")
         return None, None, rows
     return (texts[0] if texts else None), (ids[0] if ids else None), None
 
@@ -96,7 +97,7 @@ def run_batch(
     """Decode the rows as one batch; returns the --json object, and otherwise the rows' text (stdout)
     and the totals (stderr)."""
     if show_drafts and not json_output:
-        raise ValueError("--show-drafts has no effect here: it marks the streamed text of one prompt, and several "
+        raise UsageError("--show-drafts has no effect here: it marks the streamed text of one prompt, and several "
                          "are printed after the run: give one prompt, or drop it")
     samplers = [dataclasses.replace(sampler, seed=sampler.seed + i) for i in range(len(rows))]  # row i: seed + i
 

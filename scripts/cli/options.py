@@ -24,6 +24,7 @@ import argparse
 import math
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,19 +32,21 @@ from typing import NoReturn
 
 import torch
 
+from gemma4.config import ConfigError
 from gemma4.config_file import read_json
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
+from gemma4.generate import PromptError
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
-from gemma4.weights import load_target, resolve_model_dir
+from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.schedule import MAX_K
 from mtp.speculative import DRAFTING
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-USAGE_ERROR, INTERRUPTED = 2, 130
+BUG, USAGE_ERROR, INTERRUPTED = 1, 2, 130
 DEFAULT_MAX_NEW_TOKENS = 128
 # Below this hidden size a matmul is too small for a second thread to pay for its synchronisation
 # (the demo's is 64; the smallest release, E2B, has 1536).
@@ -61,6 +64,12 @@ DIR-assistant beside it, or else (a directory named target) with its sibling dir
 
 class UsageError(ValueError):
     """Something on the command line that cannot run; its message says what to change."""
+
+
+# What a user can get wrong, each raised with a message that says what to change: the command line, a
+# checkpoint's files, a prompt the model cannot run. They subclass ValueError, so that a library caller's
+# `except ValueError` keeps working; any other ValueError is a bug, and keeps its traceback.
+USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError)
 
 
 class Parser(argparse.ArgumentParser):
@@ -201,13 +210,23 @@ def has_chat_template(model_dir: Path) -> bool:
     return (model_dir / "chat_template.jinja").is_file() or (model_dir / "tokenizer_config.json").is_file()
 
 
+def file_number(file: dict, key: str, kind: type[int] | type[float], path: Path) -> int | float:
+    """A generation_config.json value as a number: another type there is the checkpoint's mistake."""
+    try:
+        return kind(file[key])
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: {key} is {file[key]!r}, not a number: correct the file") from None
+
+
 def sampler_from(a: ModelFlags, target_dir: Path) -> tuple[SamplerConfig, str]:
     """The sampling settings (flags first, then generation_config.json), and the keys the file gave."""
     gen = target_dir / "generation_config.json"
     file = read_json(gen) if gen.is_file() else {}
     temperature = a.temperature
     if temperature is None:
-        temperature = float(file.get("temperature", 1.0)) if file.get("do_sample") else 0.0
+        temperature = 0.0
+        if file.get("do_sample"):
+            temperature = file_number(file, "temperature", float, gen) if "temperature" in file else 1.0
     taken = [] if a.temperature is not None else ["do_sample"] + (["temperature"] if temperature else [])
     if temperature == 0:  # greedy: flags that only sampling reads would do nothing
         said = f"do_sample {str(file['do_sample']).lower()}" if "do_sample" in file else "no do_sample"
@@ -219,13 +238,16 @@ def sampler_from(a: ModelFlags, target_dir: Path) -> tuple[SamplerConfig, str]:
         return SamplerConfig(0.0, 0, 1.0, 0), ", ".join(taken)
     top_k, top_p = a.top_k, a.top_p
     if top_k is None and "top_k" in file:
-        top_k = int(file["top_k"])
+        top_k = file_number(file, "top_k", int, gen)
         taken.append("top_k")
     if top_p is None and "top_p" in file:
-        top_p = float(file["top_p"])
+        top_p = file_number(file, "top_p", float, gen)
         taken.append("top_p")
-    sampler = SamplerConfig(temperature, 0 if top_k is None else top_k, 1.0 if top_p is None else top_p,
-                            0 if a.seed is None else a.seed)
+    try:  # check_values passed the flags: a value out of range here came from the file
+        sampler = SamplerConfig(temperature, 0 if top_k is None else top_k, 1.0 if top_p is None else top_p,
+                                0 if a.seed is None else a.seed)
+    except ValueError as e:
+        raise ConfigError(f"{gen}: {e}: correct the file, or give the flag") from None
     return sampler, ", ".join(taken)
 
 
@@ -295,7 +317,7 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
     name, rule = (a.assistant, "") if a.assistant is not None else default_assistant(target.name)
     try:
         assistant_dir = resolve_model_dir(name)
-    except ValueError as e:
+    except CheckpointError as e:
         if not rule:
             raise
         raise UsageError(f"{e} (the assistant defaults to {rule}: pass --assistant, or --no-assistant for "
@@ -305,7 +327,11 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
     k = a.num_assistant_tokens
     if k is None:  # the release's own choice, as transformers reads it
         gen = assistant_dir / "generation_config.json"
-        k = int(read_json(gen).get("num_assistant_tokens", 4)) if gen.is_file() else 4
+        file = read_json(gen) if gen.is_file() else {}
+        k = file_number(file, "num_assistant_tokens", int, gen) if "num_assistant_tokens" in file else 4
+        if k < 1:
+            raise ConfigError(f"{gen}: num_assistant_tokens is {k}, at least 1 drafts a round: correct the file, "
+                              f"or give --num-assistant-tokens")
     schedule = a.schedule or "constant"
     say(f"assistant  {name} ({k} drafts per round, {schedule} schedule)")
     # auto chooses K in 0..max_k: at least the default 8, or the K asked for
@@ -356,8 +382,8 @@ def one_line(e: BaseException) -> str:
 
 
 def guarded(run: Callable[[], int]) -> int:
-    """A script's whole run: whatever the user can get wrong ends as one line and exit status 2, Ctrl-C
-    as "interrupted" and 130, never a traceback."""
+    """A script's whole run: what the user got wrong ends as one line and exit status 2, Ctrl-C as
+    "interrupted" and 130; anything else is a bug in the code and prints its traceback, exit status 1."""
     try:
         return run()
     except KeyboardInterrupt:  # while loading (a running decode catches its own, to print what it made)
@@ -366,6 +392,17 @@ def guarded(run: Callable[[], int]) -> int:
     except torch.OutOfMemoryError:
         print("error: out of memory: try --dtype bfloat16, a smaller model, or another --device", file=sys.stderr)
         return USAGE_ERROR
-    except (ValueError, OSError) as e:  # UsageError, and the library's CheckpointError / ConfigError
+    except USER_ERRORS as e:
         print(one_line(e), file=sys.stderr)
         return USAGE_ERROR
+    except OSError as e:
+        # A file the user named that the system will not open (no permission, a directory), or a reader of
+        # stdout that went away: the user's to fix. An OSError about no file comes from inside: a bug.
+        if e.filename is None and not isinstance(e, BrokenPipeError):
+            traceback.print_exc()
+            return BUG
+        print(one_line(e), file=sys.stderr)
+        return USAGE_ERROR
+    except Exception:  # noqa: BLE001 (a bug: what Python itself would print, as a status the caller gets)
+        traceback.print_exc()
+        return BUG
