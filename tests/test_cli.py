@@ -8,6 +8,7 @@ like a release's: a chat template, and a generation_config.json that samples (T 
 The defaults rule, the refused flags and the pipes have their own files (tests/test_cli_*.py).
 """
 
+import io
 import json
 import os
 import shutil
@@ -222,6 +223,49 @@ def test_no_arguments_runs_the_demo_pair(
     assert status == 0, err
     assert f"assistant  {tmp_path / 'assistant'}" in err  # the sibling of a directory named target
     assert "-- speculative decoding" in err and "Tell me a story" in err  # a chat model's default prompt
+
+
+class CountingTokenizer(Gemma4Tokenizer):
+    """The tokenizer, counting the tokens the stream hands to `decode`."""
+
+    def __init__(self, file: Path) -> None:
+        super().__init__(file)
+        self.decoded = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        self.decoded += len(ids)
+        return super().decode(ids, skip_special_tokens)
+
+
+def test_stream_of_a_byte_level_vocabulary() -> None:
+    """The demo's vocabulary spells € (E2 82 AC) as three ordinary tokens, whose first bytes decode to U+FFFD."""
+    tokenizer = Gemma4Tokenizer(REPO / "scripts" / "demo" / "target" / "tokenizer.json")
+    reply = tokenizer.encode_raw("x = '€é' + \"naïve\"\n")[1:]  # no <bos>
+    assert "\ufffd" in tokenizer.decode(reply[3:4])  # a character is split across tokens here
+    for block in (1, 2, 3):  # commits of one token, and blocks that end inside the character
+        file = io.StringIO()
+        stream = Stream(tokenizer, [Sink(file, mark=False, colour=False)])
+        for i in range(0, len(reply), block):
+            stream.commit(reply[i:i + block], [False] * len(reply[i:i + block]))
+            assert "\ufffd" not in file.getvalue()
+        stream.finish()
+        assert file.getvalue() == tokenizer.decode(reply) + "\n"
+
+
+def test_stream_decodes_each_token_a_bounded_number_of_times(pair: tuple[Path, Path]) -> None:
+    tokenizer = CountingTokenizer(pair[0] / "tokenizer.json")
+    words = [tokenizer.tokenizer.token_to_id(p) for p in ("h", "i", "▁", "<0xE2>", "<0x82>", "<0xAC>")]
+    n = 600
+    reply = [words[i % len(words)] for i in range(n)]
+    file = io.StringIO()
+    stream = Stream(tokenizer, [Sink(file, mark=False, colour=False)])
+    for token in reply:
+        stream.commit([token], [False])
+    stream.finish()
+    assert file.getvalue() == tokenizer.decode(reply, skip_special_tokens=True) + "\n"
+    # The window holds the last printed piece and what came since: a few tokens a commit, not all the reply
+    # (re-decoding the whole reply each commit would hand decode n (n + 1) / 2 = 180,300 tokens).
+    assert tokenizer.decoded <= 8 * n, tokenizer.decoded
 
 
 # ---------------------------------------------------------------- clear failures

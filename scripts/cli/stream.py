@@ -34,19 +34,27 @@ class Sink:
 
 
 class Stream:
-    """Keeps every committed token and prints the text as it grows.
+    """Keeps every committed token and prints the text as it grows, with work per commit proportional
+    to what it added.
 
-    Text is the decode of the whole sequence, and only its new suffix is printed: decoding token by
-    token would split characters spelled in byte tokens and lose the tokenizer's spacing. Byte tokens
-    (`<0xNN>`) turn into UTF-8 only when their run ends, and a run that is not valid UTF-8 becomes one
-    U+FFFD per byte, even bytes that looked fine so far; special tokens, dropped from the text, do not
-    end a run. So only the text up to the last other token is final, and only that is printed early.
+    Decoding token by token would split characters spelled over several tokens and lose the
+    tokenizer's spacing, so each commit decodes a window: the tokens printed last time (their text is
+    known) and the tokens after them, and prints what the window's text adds past the known part (the
+    incremental detokenizer of transformers' TextStreamer and vLLM). Only text that is final is printed:
+    - Byte tokens (`<0xNN>`) turn into UTF-8 only when their run ends, and a run that is not valid
+      UTF-8 becomes one U+FFFD per byte, even bytes that looked fine so far; special tokens, dropped
+      from the text, do not end a run. So the window ends at the last other token.
+    - A byte-level vocabulary (the demo's) spells a character over several ordinary tokens, and its
+      first bytes decode to U+FFFD: a window that ends in U+FFFD waits for the next commit.
+    What is still held back is printed by `finish`, or at a thought's edge, as the whole decode has it.
     """
 
     def __init__(self, tokenizer: Gemma4Tokenizer | None, sinks: list[Sink]) -> None:
         self.tokenizer, self.sinks = tokenizer, sinks
         self.tokens: list[int] = []
-        self.shown = 0  # characters of the text already printed
+        # The window is tokens[prefix:]; the text of tokens[:read] is printed, tokens[prefix:read] the last
+        # piece of it, decoded again for its context (spacing, a character's first bytes).
+        self.prefix = self.read = 0
         self.open_run: set[int] = set()  # ids that do not close a run of byte tokens
         self.thinking = False  # inside a thought: dimmed
         if tokenizer is not None:
@@ -84,11 +92,7 @@ class Stream:
         if self.tokenizer is None:  # --prompt-ids on a checkpoint without tokenizer.json: show ids
             piece = "".join(f"{t} " for t in run)
         else:
-            done = len(self.tokens)
-            while not final and done and self.tokens[done - 1] in self.open_run:
-                done -= 1
-            text = self.text(self.tokens[:done])
-            piece, self.shown = text[self.shown:], max(self.shown, len(text))
+            piece = self.final_piece(final)
         for sink in self.sinks:
             out = piece
             if drafted and sink.mark and piece:
@@ -97,6 +101,20 @@ class Stream:
                 out = f"{DIM}{out}{RESET}"
             sink.file.write(out)
             sink.file.flush()
+
+    def final_piece(self, final: bool) -> str:
+        """The text the tokens after `read` add that no later token can change; moves the window past it."""
+        done = len(self.tokens)
+        while not final and done > self.read and self.tokens[done - 1] in self.open_run:
+            done -= 1
+        if done <= self.read:
+            return ""
+        known = self.text(self.tokens[self.prefix:self.read])  # printed already
+        text = self.text(self.tokens[self.prefix:done])
+        if not final and text.endswith("\ufffd"):  # a character's first bytes: its last ones are still to come
+            return ""
+        self.prefix, self.read = self.read, done
+        return text[len(known):]
 
     def finish(self) -> None:
         self.show([], drafted=False, final=True)
