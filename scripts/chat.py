@@ -2,7 +2,7 @@
 
 - Every model flag is generate.py's (scripts/cli/options.py), with the same two rules: a flag changes
   only itself (defaults from the checkpoint's files), and a flag that would do nothing is refused.
-  chat.py adds `--system`, `--think` and `--json`.
+  chat.py adds `--system`, `--think`, `--context` (the positions the conversation may hold) and `--json`.
 - The conversation is mtp/extras/conversation.py's: each turn renders the whole conversation by token id
   and prefills only what the target's cache does not already hold. A reply is exactly what
   `generate.py --prompt-ids <that turn's prompt_ids>` writes with the same flags.

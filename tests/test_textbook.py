@@ -2,6 +2,7 @@
 model never imports the speed layer."""
 
 import ast
+import re
 
 from tests.textbook_path import REPO, module_file, textbook_path
 
@@ -20,6 +21,24 @@ def test_the_path_is_short_and_holds_no_kernel_code() -> None:
         text = module_file(module).read_text().lower()
         assert not any(word in text for word in KERNEL_WORDS), module
         assert not any(word in text for word in SPEED_WORDS), module
+
+
+def test_the_readme_states_the_measured_length() -> None:
+    """README.md's line count of the path is the one   108  gemma4/cache.py
+   74  gemma4/config.py
+  133  gemma4/generate.py
+  335  gemma4/model.py
+   55  gemma4/moe.py
+   38  gemma4/norms.py
+  224  gemma4/sampling.py
+   70  mtp/accept.py
+  156  mtp/drafter.py
+  132  mtp/speculative.py
+   65  mtp/stats.py
+ 1390  total prints."""
+    found = re.search(r"These files total ([\d,]+) lines", (REPO / "README.md").read_text())
+    assert found, "README.md no longer states the path's length"
+    assert int(found.group(1).replace(",", "")) == sum(textbook_path().values())
 
 
 def test_the_model_files_import_no_speed_layer() -> None:

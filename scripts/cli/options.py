@@ -119,8 +119,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-assistant-tokens", metavar="K", type=int,
                    help="drafts per round (default: the assistant's generation_config.json, else 4)")
     p.add_argument("--schedule", choices=SCHEDULES,
-                   help="how the drafts per round adapt: constant K, or K+2 after a fully accepted round and "
-                        "K-1 otherwise (default: constant)")
+                   help="how the drafts per round adapt: constant K; heuristic, K+2 after a fully accepted round "
+                        "and K-1 otherwise; heuristic_transient, the same restarting at K every call; auto, the K "
+                        "that measured costs and acceptance say is fastest (default: constant)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop on the target's stop ids")
     p.add_argument("--dtype", choices=list(DTYPES), help="(default: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--device", metavar="DEVICE", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
