@@ -14,7 +14,7 @@ import torch
 
 from gemma4.cache import KVCache
 from gemma4.model import Gemma4Model, ModelOutput
-from gemma4.sampling import TOKEN_STREAM, SamplerConfig, sample
+from gemma4.sampling import TOKEN_STREAM, Candidates, SamplerConfig, candidates, sample
 
 # Chooses the token at absolute position n from the logits (1, V) of position n - 1.
 Chooser = Callable[[torch.Tensor, int], int]
@@ -69,9 +69,9 @@ def greedy_choice(logits: torch.Tensor, position: int) -> int:
     return int(logits[0].argmax())
 
 
-def sampler_choice(sampler: SamplerConfig) -> Chooser:
+def sampler_choice(sampler: SamplerConfig, rows: Candidates = candidates) -> Chooser:
     def choose(logits: torch.Tensor, position: int) -> int:
-        return sample(logits, sampler, TOKEN_STREAM, [position])[0]
+        return sample(logits, sampler, TOKEN_STREAM, [position], rows)[0]
     return choose
 
 
@@ -114,7 +114,7 @@ def sample_generate(
 ) -> list[int]:
     """Like greedy_generate, each token drawn from the warped distribution with keyed noise:
     the same seed gives the same tokens. Temperature 0 is greedy_generate itself."""
-    choose = greedy_choice if sampler.greedy else sampler_choice(sampler)
+    choose = greedy_choice if sampler.greedy else sampler_choice(sampler, model.sampler_candidates)
     return decode(model, prompt, max_new_tokens, choose, stop_ids, on_token, cache, reuse)
 
 

@@ -29,6 +29,7 @@ from gemma4.cache import KVCache, RowSlots
 from gemma4.config import SLIDING, RopeConfig, TextConfig
 from gemma4.moe import Experts, Router
 from gemma4.norms import RMSNorm, gelu, rms_norm
+from gemma4.sampling import Candidates, candidates
 
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
@@ -264,6 +265,7 @@ class Gemma4Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(e, config.rms_norm_eps)
         self.head = TiedHead()
+        self.sampler_candidates: Candidates = candidates  # how a sampler warps its rows (gemma4/sampling.py)
         if config.ple_dim:
             vp, lp = config.ple_vocab_size, config.num_layers * config.ple_dim
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))

@@ -6,11 +6,10 @@ Facts a reader must know:
   removes the tokens whose ascending cumulative probability is <= 1 - top_p and always keeps the most
   likely one (equal logits in id order, as a stable sort puts them: the higher ids are kept first).
 - A row is warped into its *candidates*: the ids that can still be drawn, and their probabilities
-  (a token removed by top-k/top-p, or -inf like the centroid head's filler, is not one). With top-k
-  set, only the tokens at or above the k-th logit are ever touched (a row of the real vocabulary is
-  never sorted or soft-maxed whole) and top-p runs on those alone; with top-k 0, top-p adds up the mass
-  of value slices on the CPU instead of sorting the row, and sorts it on other devices (cheap there, and
-  the same sums in the same order every time). `warp` scatters the candidates back into (N, V).
+  (a token removed by top-k/top-p, or -inf like the centroid head's filler, is not one). Here the whole
+  row is divided, masked, sorted and soft-maxed (`warp_row`); the speed layer finds the same candidates
+  touching only the tokens at or above the k-th logit (gemma4/fast/sampling.py), and a model carries the
+  way it uses as `sampler_candidates`. `warp` scatters the candidates back into (N, V).
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then
   sends every other token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as
   its limit, the argmax.
@@ -27,6 +26,7 @@ Shape legend: N rows (positions), V vocab, M candidates of one row.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,10 +37,6 @@ TOKEN_STREAM, DRAFT_STREAM, ACCEPT_STREAM = 0, 1, 2
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2^64 / golden ratio, odd
 MIX = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 1))  # splitmix64's finaliser: (shift, multiplier)
-CHUNK = 64  # top-k's first pass takes the maximum of every CHUNK consecutive logits
-SMALL = 2048  # top-p sorts a working set this small; a larger one is first cut into value slices
-BINS = 1024  # top-p's value slices per pass
-UNDERFLOW = 104.0  # softmax gives 0 in fp32 below z = -104 (z <= 0): slices need not reach lower
 
 
 @dataclass(frozen=True)
@@ -68,81 +64,37 @@ class SamplerConfig:
 # ---------------------------------------------------------------- warping
 
 
-def top_k_ids(x: torch.Tensor, k: int) -> torch.Tensor:
-    """x (V,) -> the ids (M,) ascending of every finite logit >= the k-th largest, ties included.
-
-    In two passes, so that the whole row is only read, never sorted: the maxima of CHUNK-long chunks
-    first. At least k chunks have a maximum >= the k-th largest maximum, so the k-th largest logit is
-    >= it too: only the chunks whose maximum reaches it can hold a candidate."""
-    v = x.shape[0]
-    if v % CHUNK or v // CHUNK < 2 * k:  # too few chunks to gain anything: one pass
-        ids = torch.arange(v, device=x.device)
-    else:
-        maxima = x.view(-1, CHUNK).amax(dim=1)  # (V/CHUNK,)
-        chunks = (maxima >= maxima.topk(k).values[-1]).nonzero()  # (C, 1): at least k chunks
-        ids = (chunks * CHUNK + torch.arange(CHUNK, device=x.device)).flatten()  # (C*CHUNK,) ascending
-    vals = x[ids]
-    kth = vals.topk(k).values[-1]
-    return ids[(vals >= kth) & (vals > float("-inf"))]  # -inf: probability 0 anyway (the centroid filler)
-
-
-def top_p_keep(z: torch.Tensor, top_p: float) -> torch.Tensor:
-    """z (M,) scaled logits of candidates in ascending id order -> a mask (M,) of the ones top-p keeps.
-
-    The rule as a stable ascending sort reads it: a token goes when the mass at or below it (equal
-    values: lower ids below) is <= 1 - top_p; sums in float64. On the CPU a large set is never sorted: one pass
-    adds up the mass of BINS equal value slices; the slices above the one where the mass below
-    passes 1 - top_p are kept whole, those under it removed whole, and only that slice is looked at
-    again (slices never split equal values)."""
-    p = z.softmax(dim=-1)  # (M,)
-    pos, w, wp = None, z, p  # the undecided tokens: positions (None: all), values, probabilities
-    below = 0.0  # mass of the tokens under them, all removed
-    while len(w) > SMALL and z.device.type == "cpu":  # elsewhere scatter_add_ sums in varying order: sort
-        hi, lo = float(w.max()), max(float(w.min()), -UNDERFLOW)  # z <= 0: the maximum is 0
-        if lo == hi:
-            break  # all equal: the exact pass below orders them by id
-        slices = w.mul(-(BINS - 1) / (hi - lo)).add_(hi * (BINS - 1) / (hi - lo)).long().clamp_(max=BINS - 1)
-        mass = wp.new_zeros(BINS).scatter_add_(0, slices, wp).double()  # (BINS,) slice 0: the top
-        under = mass.flip(0).cumsum(dim=0).flip(0) - mass + below  # (BINS,) mass under each slice
-        b = int((under > 1 - top_p).sum())  # the top slice with <= 1 - top_p under it: the boundary
-        below = float(under[b])  # slices above b are kept whole: more than 1 - top_p under any token
-        inside = (slices == b).nonzero().flatten()  # slices under b go: at most under[b] at or below
-        pos, w, wp = inside if pos is None else pos[inside], w[inside], wp[inside]
-    if pos is None:
-        pos = torch.arange(len(z), device=z.device)
-    ranked = pos[w.sort(stable=True).indices]  # (W,) ascending value, ties by ascending id
-    removed = p[ranked].double().cumsum(dim=0) + below <= 1 - top_p  # (W,)
-    removed[-1] = False  # the most likely token always stays
-    keep = z > w.max()  # (M,) everything above the last slice is kept
-    keep[ranked[~removed]] = True
-    return keep
+def warp_row(x: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
+    """One row of logits (V,) -> probabilities (V,) fp32 over the whole row, in transformers' order."""
+    z = x.float()
+    z = (z - z.max()) / cfg.temperature  # the maximum first: a tiny T gives -inf, never NaN
+    if 0 < cfg.top_k < z.shape[0]:
+        z = z.masked_fill(z < z.topk(cfg.top_k).values[-1], float("-inf"))  # ties at the k-th logit stay
+    if cfg.top_p < 1:
+        ascending, order = z.sort(stable=True)  # equal logits in id order: the higher ids come later
+        removed = ascending.softmax(dim=-1).double().cumsum(dim=-1) <= 1 - cfg.top_p  # (V,) a prefix
+        removed[-1] = False  # the most likely token always stays
+        z = z.masked_fill(removed.scatter(0, order, removed), float("-inf"))  # back to id order
+    return z.softmax(dim=-1)
 
 
 def candidates(logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row of logits (V,) -> its candidates: ids (M,) ascending and probabilities (M,) fp32.
-    Temperature, top-k, top-p, softmax (the order of the docstring above). Every other token has
-    probability 0; a candidate may have 0 too (underflow far below the maximum), and then never wins."""
-    x, v = logits, logits.shape[0]  # in the model's dtype: only the candidates are cast to fp32
-    if 0 < cfg.top_k < v:
-        ids = top_k_ids(x, cfg.top_k)
-    elif float(x.min()) > float("-inf"):
-        ids = torch.arange(v, device=x.device)
-    else:
-        ids = (x > float("-inf")).nonzero().flatten()  # the centroid head's filler: probability 0
-    vals = (x if len(ids) == v else x[ids]).float()  # (M,): every token needs no gather
-    z = (vals - vals.max()) / cfg.temperature  # max subtracted first: a tiny T gives -inf, never NaN
-    if cfg.top_p < 1:
-        kept = top_p_keep(z, cfg.top_p).nonzero().flatten()  # (M',) positions, ascending
-        ids, z = (kept if len(ids) == v else ids[kept]), z[kept]  # every token: ids[i] == i
-    return ids, z.softmax(dim=-1)  # a tiny T underflows all but the maximum to probability 0
+    """One row of logits (V,) -> its candidates: ids (M,) ascending with probability > 0, and those (M,)."""
+    probs = warp_row(logits, cfg)
+    ids = probs.nonzero().flatten()
+    return ids, probs[ids]
 
 
-def warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
-    """logits (N, V) -> probabilities (N, V) in fp32: the candidates of each row, 0 everywhere else
-    (tokens removed by top-k/top-p, or already -inf like the centroid head's filler, get exactly 0)."""
+# A model's way to find a row's candidates: `candidates` above, or the speed layer's, which gives the same
+# tokens without sorting the row (gemma4/fast/sampling.py). A model carries its own as `sampler_candidates`.
+Candidates = Callable[[torch.Tensor, SamplerConfig], tuple[torch.Tensor, torch.Tensor]]
+
+
+def warp(logits: torch.Tensor, cfg: SamplerConfig, rows: Candidates = candidates) -> torch.Tensor:
+    """logits (N, V) -> probabilities (N, V) in fp32: each row's candidates, 0 everywhere else."""
     out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)  # (N, V)
     for row, x in zip(out, logits):
-        ids, probs = candidates(x, cfg)
+        ids, probs = rows(x, cfg)
         row[ids] = probs
     return out
 
@@ -202,9 +154,10 @@ def keyed_choice(ids: torch.Tensor, weights: torch.Tensor, seed: int, stream: in
     return int(ids[score.max(dim=0).indices])
 
 
-def sample(logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int]) -> list[int]:
+def sample(logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int],
+           rows: Candidates = candidates) -> list[int]:
     """logits (N, V), row i the token at positions[i] -> N tokens: warp and draw, candidates only."""
-    return [keyed_choice(*candidates(x, cfg), cfg.seed, stream, n) for x, n in zip(logits, positions)]
+    return [keyed_choice(*rows(x, cfg), cfg.seed, stream, n) for x, n in zip(logits, positions)]
 
 
 def keyed_sample(probs: torch.Tensor, seed: int, stream: int, positions: list[int]) -> list[int]:

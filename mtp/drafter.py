@@ -22,7 +22,7 @@ from torch import nn
 
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear
-from gemma4.sampling import DRAFT_STREAM, SamplerConfig, keyed_sample, warp
+from gemma4.sampling import DRAFT_STREAM, Candidates, SamplerConfig, candidates, keyed_sample, warp
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ class Drafter(nn.Module):
         self.pre_projection = linear(2 * e, d)
         self.post_projection = linear(d, e)
         self.model = DrafterBody(cfg.text)
+        self.sampler_candidates: Candidates = candidates  # how `sample` drafting warps q (gemma4/sampling.py)
         if cfg.use_ordered_embeddings:
             self.masked_embedding = CentroidHead(cfg)
         else:
@@ -148,7 +149,7 @@ class Drafter(nn.Module):
             if sampler is None:
                 ids = self.greedy_token(hn[:, 0])[:, None]  # (1, 1)
             else:
-                q = warp(self.logits(hn[:, 0], filler=float("-inf")), sampler)  # (1, V), filler at 0
+                q = warp(self.logits(hn[:, 0], filler=float("-inf")), sampler, self.sampler_candidates)  # (1, V)
                 ids = torch.full((1, 1), keyed_sample(q, sampler.seed, DRAFT_STREAM, [t + j])[0], device=device)
                 probs.append(q[0])
             drafted.append(ids)

@@ -67,7 +67,7 @@ def speculative_generate(
     #    prompt's last position, both the prefill's.
     cache, out = prefill(target, prompt, max_new_tokens, cache, reuse)
     stats.target_forwards += 1
-    seq = list(prompt) + [first_token(out.logits[0, -1:], sampler, len(prompt))]
+    seq = list(prompt) + [first_token(out.logits[0, -1:], sampler, len(prompt), target.sampler_candidates)]
     hidden = out.hidden[0, -1]  # (E,) h[t-1], with t = len(seq) - 1
     stats.emitted = 1
     if on_commit:
@@ -90,7 +90,7 @@ def speculative_generate(
         stats.target_forwards += 1
 
         # 4. Accept a prefix of the drafts: greedy token equality, or the sampling rules (mtp/accept.py).
-        a, last = accept(drafts, out.logits[0], sampler, t, q)
+        a, last = accept(drafts, out.logits[0], sampler, t, q, target.sampler_candidates)
         verified = time.perf_counter()  # the accepted count is on the host: the verify has finished
         draft_length.observe(k, a, drafted - start, verified - drafted)
 

@@ -110,5 +110,5 @@ def sample_generate_batch(
 ) -> list[list[int]]:
     """Row b == sample_generate(model, prompts[b], max_new_tokens[b], samplers[b], stop_ids[b]): give
     each row its own seed (the CLI uses seed + b)."""
-    choosers = [greedy_choice if s.greedy else sampler_choice(s) for s in samplers]
+    choosers = [greedy_choice if s.greedy else sampler_choice(s, model.sampler_candidates) for s in samplers]
     return decode_batch(model, prompts, max_new_tokens, choosers, stop_ids)

@@ -151,6 +151,7 @@ class StaticTarget:
             c = dataclasses.replace(c, max_position_embeddings=min(context, c.max_position_embeddings))
         self.model, self.config = model, c
         self.embed_tokens, self.logits = model.embed_tokens, model.logits  # the loops read the weight's device, dtype
+        self.sampler_candidates = model.sampler_candidates  # the loops warp with the model's own
         w = model.embed_tokens.weight
         self.device, self.dtype = w.device, w.dtype
         self.scale = embed_scale(c.hidden_size, w.dtype)

@@ -52,7 +52,8 @@ def draft_rows(
             token = drafter.greedy_token(hn[:, 0])[:, None]  # (B, 1)
         else:
             logits = drafter.logits(hn[:, 0], filler=float("-inf"))  # (B, V), the centroid filler at 0
-            q = torch.cat([warp(logits[b:b + 1], s) for b, s in enumerate(samplers)])  # (B, V)
+            warper = drafter.sampler_candidates
+            q = torch.cat([warp(logits[b:b + 1], s, warper) for b, s in enumerate(samplers)])  # (B, V)
             token = torch.tensor([keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])[0]
                                   for b, (s, n) in enumerate(zip(samplers, positions))], device=t.device)[:, None]
             probs.append(q)
@@ -87,7 +88,8 @@ def speculative_generate_batch(
     # 0. Prefill every row in one forward; each commits its first token.
     logits, hidden = prefill_rows(target, cache, prompts)  # (B, V), (B, E) h[t_b-1]
     device = hidden.device
-    seqs = [list(p) + [first_token(logits[b:b + 1], samplers[b], len(p))] for b, p in enumerate(prompts)]
+    warper = target.sampler_candidates
+    seqs = [list(p) + [first_token(logits[b:b + 1], samplers[b], len(p), warper)] for b, p in enumerate(prompts)]
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:
         # 7. Stop (checked first, as in the solo loop): a row with a stop id or a spent budget leaves.
@@ -135,7 +137,7 @@ def speculative_generate_batch(
             # 4. Accept the longest prefix of row b's drafts equal to the target's own tokens.
             d = drafts[i]
             a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i],  # the row's pads are not read
-                             None if q is None else q[i, :len(d)])
+                             None if q is None else q[i, :len(d)], warper)
             # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
             block = cut_at_stop(d[:a] + [last], stops[b])
             seqs[b] += block
