@@ -272,18 +272,22 @@ class Gemma4Model(nn.Module):
             self.per_layer_model_projection = linear(e, lp)
             self.per_layer_projection_norm = RMSNorm(config.ple_dim, config.rms_norm_eps)
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp/README.md §4)."""
+    def embed(self, ids: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp/README.md §4).
+        `scale`: embed_scale's value, made once by a caller that cannot compute it per call (a compiled step)."""
         w = self.embed_tokens.weight
-        return F.embedding(ids, w) * embed_scale(self.config.hidden_size, w.dtype)
+        return F.embedding(ids, w) * (embed_scale(self.config.hidden_size, w.dtype) if scale is None else scale)
 
-    def per_layer_inputs(self, ids: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        """§12: ids (B, T), scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
-        c = self.config
+    def per_layer_rows(self, ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """§12's token part, unscaled: ids (B, T) -> the PLE table's rows (B, T, L*P) on `like`'s device, in its dtype."""
         # The table stays in host memory in the file's dtype (weights.py): rows looked up there, then moved and cast.
         table = self.embed_tokens_per_layer.weight
-        rows = F.embedding(ids.to(table.device), table).to(x0.device, x0.dtype, non_blocking=True)  # (B, T, L*P)
-        tok = rows * embed_scale(c.ple_dim, x0.dtype)
+        return F.embedding(ids.to(table.device), table).to(like.device, like.dtype, non_blocking=True)
+
+    def per_layer_inputs(self, rows: torch.Tensor, x0: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """§12: the table's rows (B, T, L*P) and the scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
+        c = self.config
+        tok = rows * (embed_scale(c.ple_dim, x0.dtype) if scale is None else scale)
         ctx = self.per_layer_model_projection(x0) * c.hidden_size**-0.5  # (B, T, L*P)
         ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
         return (ctx + tok.unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
@@ -309,7 +313,7 @@ class Gemma4Model(nn.Module):
         b, t = input_ids.shape
         # The loops pass host ids; non_blocking: the upload need not wait for the device's queue to drain.
         x = self.embed(input_ids.to(self.embed_tokens.weight.device, non_blocking=True))  # (B, T, E)
-        ple = self.per_layer_inputs(input_ids, x) if c.ple_dim else None  # (B, T, L, P)
+        ple = self.per_layer_inputs(self.per_layer_rows(input_ids, x), x) if c.ple_dim else None  # (B, T, L, P)
         steps = torch.arange(t, device=x.device)  # (T,)
         if isinstance(start_pos, int):  # one position for all rows
             positions, slots, end = start_pos + steps, start_pos, start_pos + t  # (T,)
@@ -317,7 +321,18 @@ class Gemma4Model(nn.Module):
             positions, slots = start_pos[:, None] + steps, cache.row_slots(start_pos, t)  # (B, T)
             end = slots.end
         inputs = layer_inputs(c, positions, end, x.dtype, first=start_pos if isinstance(start_pos, int) else None)
-        ples = [None] * c.num_layers if ple is None else ple.unbind(dim=2)  # L x (B, T, P)
+        hidden, source_kv = self.stack(x, ple, inputs, cache, slots)
+        n = t if num_logits is None else num_logits
+        return ModelOutput(self.logits(hidden[:, t - n:]), hidden, source_kv)  # (B, n, V)
+
+    def stack(
+        self, x: torch.Tensor, ple: torch.Tensor | None, inputs: dict[str, LayerInputs], cache: KVCache | None,
+        slots: int | RowSlots | torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """The layers and the final norm: x (B, T, E), ple (B, T, L, P) or None -> hidden (B, T, E) and
+        type -> the K/V of kv_source(type). `slots`: where the K/V go (a start, a batch's row slots, or a
+        compiled step's device positions, gemma4/fast/static.py)."""
+        ples = [None] * self.config.num_layers if ple is None else ple.unbind(dim=2)  # L x (B, T, P)
         source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
         h = x
         for layer, layer_ple in zip(self.layers, ples):
@@ -325,9 +340,7 @@ class Gemma4Model(nn.Module):
             h, kv = layer(h, inputs[layer.kind], layer_ple, cache, slots, shared)
             if not layer.shared:
                 source_kv[layer.kind] = kv  # after the loop: exactly kv_source(kind)'s K/V
-        hidden = self.norm(h)  # (B, T, E)
-        n = t if num_logits is None else num_logits
-        return ModelOutput(self.logits(hidden[:, t - n:]), hidden, source_kv)  # (B, n, V)
+        return self.norm(h), source_kv
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Post-norm hidden (..., E) -> softcapped logits (..., V) through the tied head."""

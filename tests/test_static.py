@@ -119,12 +119,12 @@ def test_what_a_static_target_refuses(models) -> None:  # noqa: ANN001
 
 def step_arguments(st: StaticTarget, cache: StaticKVCache, t: int) -> tuple:
     ids = torch.zeros(1, t, dtype=torch.long)
-    rows = st.per_layer_rows(ids) if st.config.ple_dim else None
+    rows = st.model.per_layer_rows(ids, st.embed_tokens.weight) if st.config.ple_dim else None
     return (*st.upload(ids, 0), rows, cache, t)
 
 
 @pytest.mark.parametrize("kernel", ["onednn", "packed"])
-@pytest.mark.parametrize("shape", ["e2b", "dense", "moe"])
+@pytest.mark.parametrize("shape", SHAPES)
 def test_steps_have_no_graph_break(tmp_path, shape: str, kernel: str) -> None:  # noqa: ANN001
     target_dir = write_target(tmp_path / "target", shape, multimodal=False)
     assistant_dir = write_assistant(tmp_path / "assistant", target_dir, ordered_embeddings=shape == "e2b")
@@ -148,10 +148,11 @@ def test_steps_have_no_graph_break(tmp_path, shape: str, kernel: str) -> None:  
         assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
 
-def test_compiled_equals_eager(models) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("shape", ["e2b", "12b"])  # compiling is slow: PLE and KV sharing, and the plain 12B
+def test_compiled_equals_eager(models, shape: str) -> None:  # noqa: ANN001
     """Plain greedy through the compiled decode step; speculative greedy (K = 1) through the compiled verify of 2
     rows and the compiled draft step. A round the budget cuts to K = 0 decodes with the compiled T = 1 step."""
-    target, drafter = models["e2b", "echo"]
+    target, drafter = models[shape, "echo"]
     ids, n = prompt("long"), 8
     st, sd, cache = static(target, drafter, n, compiled_rows=(1, 2), compile=True)
     st.warm_up(cache)

@@ -8,8 +8,8 @@ Facts a reader must know:
   step's positions, a (T,) device tensor, never sliced by a Python int. The mask hides what a query must not see
   (keys past its position, and outside the window on sliding layers): stale slots and unwritten zeros get weight
   0. key_start is 0, so a layer's `k[:, :, 0:]` is the whole buffer.
-- The steps call the model's own layers, final norm and head (fast modules included) and build what
-  `Gemma4Model.run` builds around them (embedding, Per-Layer Embeddings, RoPE, masks) from the device positions.
+- The steps call the model's own embedding, Per-Layer Embeddings, layer stack (`Gemma4Model.stack`) and head
+  (fast modules included); only RoPE and the masks are built here, from the device positions.
 - One graph per row count: T = 1 decodes, T = K + 1 verifies; the drafter's step is one graph. A prefill
   (`num_logits` given) runs the same function eagerly: its length changes every call.
 - Outside the graph: the PLE table's rows (the table stays in host memory: rows are looked up from the host ids
@@ -167,37 +167,19 @@ class StaticTarget:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> (B, T, E): Gemma4Model.embed, its scale a float made once."""
-        return F.embedding(ids, self.embed_tokens.weight) * self.scale
-
-    def per_layer_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Host ids (B, T) -> the PLE table's rows (B, T, L*P) on the device: the lookup stays in host memory."""
-        table = self.model.embed_tokens_per_layer.weight
-        return F.embedding(ids.to(table.device), table).to(self.device, self.dtype, non_blocking=True)
-
-    def per_layer_inputs(self, rows: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        """The rest of Gemma4Model.per_layer_inputs (§12): rows (B, T, L*P), x0 (B, T, E) -> (B, T, L, P)."""
-        m, c = self.model, self.config
-        ctx = m.per_layer_model_projection(x0) * c.hidden_size**-0.5  # (B, T, L*P)
-        ctx = m.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
-        return (ctx + (rows * self.ple_scale).unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
+        return self.model.embed(ids, self.scale)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None, cache: StaticKVCache,
                 num_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids (B, T) on the device at positions (T,) -> logits (B, n, V) of the last n, hidden (B, T, E).
-        Gemma4Model.run's loop over the layers, with K/V written at `positions` and masks over every slot."""
-        c = self.config
-        x = self.embed(ids)  # (B, T, E)
-        ples = [None] * c.num_layers if rows is None else self.per_layer_inputs(rows, x).unbind(dim=2)  # L x (B, T, P)
-        inputs = static_inputs(c, positions, cache.capacity, x.dtype, self.freqs)
-        source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
-        h = x
-        for layer, ple in zip(self.model.layers, ples):
-            shared = source_kv[layer.kind] if layer.shared else None
-            h, kv = layer(h, inputs[layer.kind], ple, cache, positions, shared)
-            if not layer.shared:
-                source_kv[layer.kind] = kv
-        hidden = self.model.norm(h)  # (B, T, E)
-        return self.model.logits(hidden[:, hidden.shape[1] - num_logits:]), hidden  # (B, n, V)
+        """ids (B, T) on the device at positions (T,), the PLE table's rows (looked up outside, in host memory)
+        -> logits (B, n, V) of the last n, hidden (B, T, E). Gemma4Model.run's inputs and its `stack`, with K/V
+        written at `positions` and masks over every slot."""
+        m = self.model
+        x = m.embed(ids, self.scale)  # (B, T, E)
+        ple = None if rows is None else m.per_layer_inputs(rows, x, self.ple_scale)  # (B, T, L, P)
+        inputs = static_inputs(self.config, positions, cache.capacity, x.dtype, self.freqs)
+        hidden, _ = m.stack(x, ple, inputs, cache, positions)  # (B, T, E)
+        return m.logits(hidden[:, hidden.shape[1] - num_logits:]), hidden  # (B, n, V)
 
     def upload(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Host ids (1, T) and start -> the step's ids (1, T) and positions start..start+T-1 (T,), written into the
@@ -222,7 +204,7 @@ class StaticTarget:
             raise ValueError("a static target runs one row at one position")
         t = input_ids.shape[1]
         cache.check(start_pos, t)
-        rows = self.per_layer_rows(input_ids) if c.ple_dim else None
+        rows = self.model.per_layer_rows(input_ids, self.embed_tokens.weight) if c.ple_dim else None  # host lookup
         args = (*self.upload(input_ids, start_pos), rows, cache)
         if num_logits is None and t in self.compiled_rows:
             logits, hidden = call(self.step, self.cudagraphs, *args, t)
