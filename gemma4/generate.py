@@ -9,6 +9,7 @@ A conversation hands the loops its own cache holding the K/V of the prompt's fir
 """
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -65,6 +66,21 @@ def prefill(model: Gemma4Model, prompt: list[int], max_new_tokens: int, cache: K
     return cache, out
 
 
+def finish_reason(seq: list[int], prompt_len: int, max_new_tokens: int, stop_ids: list[int] | tuple[int, ...],
+                  context: int) -> str | None:
+    """"stop" after a committed stop id, "length" when the budget or the context is spent, else None."""
+    if seq[-1] in stop_ids:
+        return "stop"
+    if len(seq) - prompt_len == max_new_tokens or len(seq) >= context:
+        return "length"
+    return None
+
+
+class Generated(NamedTuple):
+    tokens: list[int]  # the new tokens, a stop id that ended them included
+    finish_reason: str  # "stop" or "length" (the budget, or the model's context)
+
+
 def greedy_choice(logits: torch.Tensor, position: int) -> int:
     return int(logits[0].argmax())
 
@@ -80,21 +96,20 @@ def decode(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, choose: Chooser,
     stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
     cache: KVCache | None = None, reuse: int = 0,
-) -> list[int]:
+) -> Generated:
     """The plain cached loop: prefill, then one forward per token; `choose` picks each token.
     `cache`, `reuse`: a cache already holding prompt[:reuse] (see `prefill`)."""
     check_prompt(model, prompt, max_new_tokens)
     context = model.config.max_position_embeddings
     cache, out = prefill(model, prompt, max_new_tokens, cache, reuse)
-    new: list[int] = []
+    seq = list(prompt)
     while True:
-        token = choose(out.logits[0, -1:], cache.length)  # the token at position cache.length
-        new.append(token)
+        seq.append(choose(out.logits[0, -1:], cache.length))  # the token at position cache.length
         if on_token:
-            on_token(token)
-        if token in stop_ids or len(new) == max_new_tokens or len(prompt) + len(new) >= context:
-            return new
-        out = model.run(torch.tensor([[token]]), cache, start_pos=cache.length)  # the token from the host
+            on_token(seq[-1])
+        if reason := finish_reason(seq, len(prompt), max_new_tokens, stop_ids, context):
+            return Generated(seq[len(prompt):], reason)
+        out = model.run(torch.tensor([seq[-1:]]), cache, start_pos=cache.length)  # the token from the host
         cache.length += 1
 
 
@@ -104,7 +119,7 @@ def greedy_generate(
 ) -> list[int]:
     """New tokens, ending with the first stop id (kept) or after max_new_tokens.
     `on_token` sees each token as it is chosen (for streaming)."""
-    return decode(model, prompt, max_new_tokens, greedy_choice, stop_ids, on_token)
+    return decode(model, prompt, max_new_tokens, greedy_choice, stop_ids, on_token).tokens
 
 
 def sample_generate(
@@ -114,6 +129,15 @@ def sample_generate(
 ) -> list[int]:
     """Like greedy_generate, each token drawn from the warped distribution with keyed noise:
     the same seed gives the same tokens. Temperature 0 is greedy_generate itself."""
+    return plain_generate(model, prompt, max_new_tokens, sampler, stop_ids, on_token, cache, reuse).tokens
+
+
+def plain_generate(
+    model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig,
+    stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
+    cache: KVCache | None = None, reuse: int = 0,
+) -> Generated:
+    """sample_generate's tokens with the reason they ended, as speculative_generate returns them."""
     choose = greedy_choice if sampler.greedy else sampler_choice(sampler, model.sampler_candidates)
     return decode(model, prompt, max_new_tokens, choose, stop_ids, on_token, cache, reuse)
 

@@ -25,7 +25,7 @@ import torch
 
 from gemma4.cache import KVCache
 from gemma4.config import FULL, SLIDING
-from gemma4.generate import check_prompt, prefill
+from gemma4.generate import check_prompt, finish_reason, prefill
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, cut_at_stop, first_token
@@ -107,16 +107,6 @@ def speculative_generate(
             on_commit(block, [i < min(a, len(block)) for i in range(len(block))])
         # 7. Stop on a committed stop id, the budget or the context: `finish_reason`.
     return SpecResult(seq[len(prompt):], stats, reason)
-
-
-def finish_reason(seq: list[int], prompt_len: int, max_new_tokens: int, stop_ids: list[int] | tuple[int, ...],
-                  context: int) -> str | None:
-    """"stop" after a committed stop id, "length" when the budget or the context is spent, else None."""
-    if seq[-1] in stop_ids:
-        return "stop"
-    if len(seq) - prompt_len == max_new_tokens or len(seq) >= context:
-        return "length"
-    return None
 
 
 def target_kv(cache: KVCache, model: Gemma4Model, t: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

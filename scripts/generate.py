@@ -33,7 +33,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
-    from gemma4.generate import check_prompt, sample_generate
+    from gemma4.generate import check_prompt, plain_generate, sample_generate
     from mtp import speculative_generate
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
@@ -139,9 +139,9 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
                                         sampler, drafting, on_commit=stream.commit, cache=cache)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         else:
-            tokens = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops,
-                                     on_token=lambda t: stream.commit([t], [False]), cache=cache)
-            stats, finish_reason = None, "stop" if tokens[-1] in stops else "length"
+            tokens, finish_reason = plain_generate(model, prompt_ids, max_new_tokens, sampler, stops,
+                                                   on_token=lambda t: stream.commit([t], [False]), cache=cache)
+            stats = None
     except KeyboardInterrupt:
         stream.finish()
         if json_output:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from gemma4.cache import KVCache
-from gemma4.generate import Chooser, check_prompt, greedy_choice, sampler_choice
+from gemma4.generate import Chooser, Generated, check_prompt, finish_reason, greedy_choice, sampler_choice
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 
@@ -69,25 +69,28 @@ def new_cache(model: Gemma4Model, rows: int, capacity: int) -> KVCache:
 def decode_batch(
     model: Gemma4Model, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
     choosers: Sequence[Chooser], stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
-) -> list[list[int]]:
+) -> list[Generated]:
     """gemma4.generate.decode over B rows: each row's new tokens, ending with its first stop id (kept)
-    or after its budget; choosers[b] picks row b's tokens."""
+    or after its budget, and why they ended; choosers[b] picks row b's tokens."""
     budgets, stops = per_row(max_new_tokens, stop_ids, len(prompts))
     check_prompts(model, prompts, budgets)
     context = model.config.max_position_embeddings
     cache = new_cache(model, len(prompts), max(min(len(p) + n, context) for p, n in zip(prompts, budgets)))
     logits, _ = prefill_rows(model, cache, prompts)  # (B, V)
-    new: list[list[int]] = [[] for _ in prompts]
+    seqs = [list(p) for p in prompts]
+    results: list[Generated | None] = [None] * len(prompts)
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:
-        tokens = []
-        for i, b in enumerate(rows):  # row b's token at its own position len(prompt) + len(new)
-            tokens.append(choosers[b](logits[i:i + 1], len(prompts[b]) + len(new[b])))
-            new[b].append(tokens[-1])
-        going = [i for i, b in enumerate(rows) if not (
-            tokens[i] in stops[b] or len(new[b]) == budgets[b] or len(prompts[b]) + len(new[b]) >= context)]
+        tokens, going = [], []
+        for i, b in enumerate(rows):  # row b's token at its own position len(seqs[b])
+            tokens.append(choosers[b](logits[i:i + 1], len(seqs[b])))
+            seqs[b].append(tokens[-1])
+            if reason := finish_reason(seqs[b], len(prompts[b]), budgets[b], stops[b], context):
+                results[b] = Generated(seqs[b][len(prompts[b]):], reason)
+            else:
+                going.append(i)
         if not going:
-            return new
+            return results
         if len(going) < len(rows):  # finished rows leave: the others' positions do not move
             cache.keep(going)
             rows, tokens = [rows[i] for i in going], [tokens[i] for i in going]
@@ -101,7 +104,8 @@ def greedy_generate_batch(
     stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
 ) -> list[list[int]]:
     """Row b == greedy_generate(model, prompts[b], max_new_tokens[b], stop_ids[b])."""
-    return decode_batch(model, prompts, max_new_tokens, [greedy_choice] * len(prompts), stop_ids)
+    rows = decode_batch(model, prompts, max_new_tokens, [greedy_choice] * len(prompts), stop_ids)
+    return [row.tokens for row in rows]
 
 
 def sample_generate_batch(
@@ -110,5 +114,13 @@ def sample_generate_batch(
 ) -> list[list[int]]:
     """Row b == sample_generate(model, prompts[b], max_new_tokens[b], samplers[b], stop_ids[b]): give
     each row its own seed (the CLI uses seed + b)."""
+    return [row.tokens for row in plain_generate_batch(model, prompts, max_new_tokens, samplers, stop_ids)]
+
+
+def plain_generate_batch(
+    model: Gemma4Model, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
+    samplers: Sequence[SamplerConfig], stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+) -> list[Generated]:
+    """Row b == plain_generate(model, prompts[b], max_new_tokens[b], samplers[b], stop_ids[b])."""
     choosers = [greedy_choice if s.greedy else sampler_choice(s, model.sampler_candidates) for s in samplers]
     return decode_batch(model, prompts, max_new_tokens, choosers, stop_ids)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from gemma4.extras.batch import PAD, check_prompts, new_cache, per_row, prefill_rows
+from gemma4.generate import finish_reason
 from gemma4.model import Gemma4Model
 from gemma4.sampling import DRAFT_STREAM, SamplerConfig, keyed_sample, warp
 from mtp.accept import accept, cut_at_stop, first_token
@@ -95,10 +96,8 @@ def speculative_generate_batch(
         # 7. Stop (checked first, as in the solo loop): a row with a stop id or a spent budget leaves.
         going = []
         for i, b in enumerate(rows):
-            new = len(seqs[b]) - len(prompts[b])
-            if seqs[b][-1] in stops[b] or new == budgets[b] or len(seqs[b]) >= context:
-                results[b] = SpecResult(seqs[b][len(prompts[b]):], stats[b],
-                                        "stop" if seqs[b][-1] in stops[b] else "length")
+            if reason := finish_reason(seqs[b], len(prompts[b]), budgets[b], stops[b], context):
+                results[b] = SpecResult(seqs[b][len(prompts[b]):], stats[b], reason)
             else:
                 going.append(i)
         if not going:

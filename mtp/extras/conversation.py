@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gemma4.cache import KVCache
-from gemma4.generate import check_prompt, sample_generate
+from gemma4.generate import check_prompt, plain_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
@@ -147,9 +147,9 @@ class Conversation:
                     sampler, drafting, on_commit=commit, cache=self.cache, reuse=reused)
                 tokens, stats, finish_reason = result.tokens, result.stats, result.finish_reason
             else:
-                tokens = sample_generate(self.target, ids, max_new_tokens, sampler, stops,
-                                         on_token=lambda t: commit([t], [False]), cache=self.cache, reuse=reused)
-                finish_reason = "stop" if tokens[-1] in stops else "length"
+                tokens, finish_reason = plain_generate(self.target, ids, max_new_tokens, sampler, stops,
+                                                       on_token=lambda t: commit([t], [False]), cache=self.cache,
+                                                       reuse=reused)
         except KeyboardInterrupt:
             tokens, finish_reason = shown, "interrupted"
         seconds = time.perf_counter() - start

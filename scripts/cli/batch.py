@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.options import UsageError
-from gemma4.extras.batch import sample_generate_batch
+from gemma4.extras.batch import plain_generate_batch
 from gemma4.generate import sample_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
@@ -106,8 +106,8 @@ def run_batch(
             out = speculative_generate_batch(model, drafter, rows, max_new_tokens, draft_length, stops, samplers,
                                              drafting)
             return [(r.tokens, r.stats, r.finish_reason) for r in out]
-        out = sample_generate_batch(model, rows, max_new_tokens, samplers, stops)
-        return [(tokens, None, "stop" if tokens[-1] in stops else "length") for tokens in out]
+        return [(row.tokens, None, row.finish_reason)
+                for row in plain_generate_batch(model, rows, max_new_tokens, samplers, stops)]
 
     def one_after_another() -> list[list[int]]:
         if drafter is not None:
