@@ -130,28 +130,43 @@ class Drafter(nn.Module):
         and the target's K/V of positions 0..t-1 (shared_kv: type -> (1, K, t, D))."""
         return self.propose(target, token, hidden, t, shared_kv, k)[0]
 
-    @torch.inference_mode()
     def propose(
         self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
         shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: SamplerConfig | None = None,
     ) -> tuple[list[int], torch.Tensor | None]:
-        """k drafts as `draft`, greedy without a sampler. With one (`sample` drafting, §11), draft j is
-        drawn from the drafter's warped distribution q_j with the DRAFT_STREAM noise keyed at its position
-        t + j, and q (k, V) is returned too for the rejection test."""
+        """k drafts as `draft`, greedy without a sampler; with one (`sample` drafting), q (k, V) too.
+        `propose_rows` of the one row."""
+        if not k:
+            return [], None
+        drafts, q = self.propose_rows(target, [token], hidden[None], [t], shared_kv, k,
+                                      None if sampler is None else [sampler])
+        return drafts[0].tolist(), None if q is None else q[0]
+
+    @torch.inference_mode()
+    def propose_rows(
+        self, target: Gemma4Model, tokens: list[int], hidden: torch.Tensor, t: list[int],
+        shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, samplers: list[SamplerConfig] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k drafts for each of B rows: row b's after tokens[b] at position t[b], from the target's post-norm hidden
+        (B, E) at t_b - 1 and the target's K/V of positions 0..max t - 1 (type -> (B, K, max t, D); row b's
+        query sees its own keys 0..t_b-1 only: the mask hides the rest). Greedy without samplers. With one per
+        row (`sample` drafting, §11), row b's draft j is drawn from its warped distribution q_j with the
+        DRAFT_STREAM noise keyed at t_b + j. Returns drafts (B, k), on the device, and q (B, k, V) or None."""
         device = hidden.device
-        inputs = self.layer_inputs(torch.arange(t, t + 1, device=device), t, hidden.dtype, first=t)
-        h = hidden[None, None]  # (1, 1, E)
-        ids = torch.full((1, 1), token, device=device)  # (1, 1)
-        drafted: list[torch.Tensor] = []  # greedy drafts stay on the device: the host reads them once, below
+        inputs = self.layer_inputs(torch.tensor(t, device=device)[:, None], max(t), hidden.dtype, first=min(t))
+        h = hidden[:, None]  # (B, 1, E)
+        ids = torch.tensor(tokens, device=device)[:, None]  # (B, 1)
+        drafted: list[torch.Tensor] = []  # greedy drafts stay on the device: the caller reads them once
         probs: list[torch.Tensor] = []
         for j in range(1, k + 1):
-            hn, h = self.step(target.embed(ids), h, inputs, shared_kv)  # (1, 1, D), (1, 1, E)
-            if sampler is None:
-                ids = self.greedy_token(hn[:, 0])[:, None]  # (1, 1)
+            hn, h = self.step(target.embed(ids), h, inputs, shared_kv)  # (B, 1, D), (B, 1, E)
+            if samplers is None:
+                ids = self.greedy_token(hn[:, 0])[:, None]  # (B, 1)
             else:
-                q = warp(self.logits(hn[:, 0], filler=float("-inf")), sampler, self.sampler_candidates)  # (1, V)
-                ids = torch.full((1, 1), keyed_sample(q, sampler.seed, DRAFT_STREAM, [t + j])[0], device=device)
-                probs.append(q[0])
+                logits = self.logits(hn[:, 0], filler=float("-inf"))  # (B, V), the centroid filler at 0
+                q = torch.cat([warp(logits[b:b + 1], s, self.sampler_candidates) for b, s in enumerate(samplers)])
+                ids = torch.tensor([keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])[0]
+                                    for b, (s, n) in enumerate(zip(samplers, t))], device=device)[:, None]
+                probs.append(q)  # (B, V)
             drafted.append(ids)
-        drafts = torch.cat(drafted, dim=1)[0].tolist() if drafted else []  # (k,)
-        return drafts, torch.stack(probs) if probs else None  # q: (k, V)
+        return torch.cat(drafted, dim=1), torch.stack(probs, dim=1) if probs else None  # (B, k), (B, k, V)

@@ -17,7 +17,6 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import mtp.extras.batch
 from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, sample_generate
 from gemma4.extras.batch import greedy_generate_batch, prefill_rows, sample_generate_batch
 from mtp import DraftLength, Drafter, speculative_generate
@@ -121,15 +120,15 @@ SCHEDULES: list[Callable[[int, int], int]] = [
 
 
 def scripted(target: Gemma4Model, rows: list[list[int]], schedules: list[Callable[[int, int], int]]):  # noqa: ANN201
-    """A stand-in for mtp.extras.batch.draft_rows. `rows` are the prompts' greedy sequences (prompt and
+    """A stand-in for the drafter's propose_rows. `rows` are the prompts' greedy sequences (prompt and
     continuation). It recognises each batch row by the target hidden it is given (h[t-1] of one
     sequence) and proposes that sequence's next tokens, wrong from row r's scheduled count on."""
     with torch.inference_mode():
         hidden = [target.run(torch.tensor([seq])).hidden[0] for seq in rows]  # (L, E) each, cache-free
 
-    def draft(drafter, target_, tokens, h, t, shared_kv, k, samplers=None):  # noqa: ANN001, ANN202
+    def draft(target_, tokens, h, t, shared_kv, k, samplers=None):  # noqa: ANN001, ANN202
         out = []
-        for i, pos in enumerate(t.tolist()):
+        for i, pos in enumerate(t):
             r = [j for j, hid in enumerate(hidden)
                  if pos <= len(hid) and torch.allclose(hid[pos - 1], h[i], atol=1e-4, rtol=0)]
             assert len(r) == 1, "each batch row matches exactly one sequence"
@@ -146,7 +145,7 @@ def test_rows_accepting_very_differently(pairs, monkeypatch: pytest.MonkeyPatch)
         target, drafter = pairs[shape]
         prompts = [prompt(length, 7) for length in (5, 12, 30, 9)]
         sequences = [p + plain(target, p, BUDGET + k + 1) for p in prompts]
-        monkeypatch.setattr(mtp.extras.batch, "draft_rows", scripted(target, sequences, SCHEDULES))
+        monkeypatch.setattr(drafter, "propose_rows", scripted(target, sequences, SCHEDULES))
         batch = speculative_generate_batch(target, drafter, prompts, BUDGET, DraftLength(k))
         monkeypatch.undo()
         for r, (ids, result) in enumerate(zip(prompts, batch)):
@@ -181,7 +180,7 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
     stop_bonus = free[2][first_at(free[2], lambda i: i >= 4 and i % (k + 1) == 0)]
     stops = [[stop_first], [stop_inside], [stop_bonus], [], []]
     budgets = [40, 40, 40, 1 + (k + 1) * 2 + 2, 30]  # row 3's budget ends inside its third block
-    monkeypatch.setattr(mtp.extras.batch, "draft_rows", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
+    monkeypatch.setattr(drafter, "propose_rows", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
     sizes: list[int] = []
     run = target.run
 

@@ -26,40 +26,12 @@ import torch
 from gemma4.extras.batch import PAD, check_prompts, new_cache, per_row, prefill_rows
 from gemma4.generate import finish_reason
 from gemma4.model import Gemma4Model
-from gemma4.sampling import DRAFT_STREAM, SamplerConfig, keyed_sample, warp
+from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, cut_at_stop, first_token
 from mtp.drafter import Drafter
 from mtp.schedule import DraftLength
 from mtp.speculative import check_sampling, target_kv
 from mtp.stats import SpecResult, SpecStats
-
-
-def draft_rows(
-    drafter: Drafter, target: Gemma4Model, tokens: torch.Tensor, hidden: torch.Tensor, t: torch.Tensor,
-    shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, samplers: list[SamplerConfig] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Drafter.propose for every row at once: tokens (B,), hidden (B, E) at t_b - 1, positions t (B,)
-    and the target's K/V (B, K, max t, D) -> drafts (B, k) and q (B, k, V) or None. Row b's query
-    stays at t_b (§4) and sees its keys 0..t_b-1 only: the mask helper hides the stale slots of
-    shorter rows. Greedy drafts without samplers; with one per row (`sample` drafting), row b's draft
-    j is drawn from its warped q with its seed, the DRAFT_STREAM noise keyed at t_b + j, as propose draws it."""
-    inputs = drafter.layer_inputs(t[:, None], int(t.max()), hidden.dtype)  # masks (B, 1, 1, S), RoPE (B, 1, 1, D)
-    h, token = hidden[:, None], tokens[:, None]  # (B, 1, E), (B, 1)
-    positions = t.tolist()
-    drafts, probs = [], []
-    for j in range(1, k + 1):
-        hn, h = drafter.step(target.embed(token), h, inputs, shared_kv)  # (B, 1, D), (B, 1, E)
-        if samplers is None:
-            token = drafter.greedy_token(hn[:, 0])[:, None]  # (B, 1)
-        else:
-            logits = drafter.logits(hn[:, 0], filler=float("-inf"))  # (B, V), the centroid filler at 0
-            warper = drafter.sampler_candidates
-            q = torch.cat([warp(logits[b:b + 1], s, warper) for b, s in enumerate(samplers)])  # (B, V)
-            token = torch.tensor([keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])[0]
-                                  for b, (s, n) in enumerate(zip(samplers, positions))], device=t.device)[:, None]
-            probs.append(q)
-        drafts.append(token)
-    return torch.cat(drafts, dim=1), torch.stack(probs, dim=1) if probs else None  # (B, k), (B, k, V)
 
 
 @torch.inference_mode()
@@ -114,12 +86,11 @@ def speculative_generate_batch(
         # 2. Draft d_1..d_K for every row from (seq_b[t_b], h[t_b-1], position t_b); row b keeps K_b:
         #    the drafter's argmax, or (sample drafting) draws from its warped q.
         k = max(k_eff)
-        newest = torch.tensor([seqs[b][-1] for b in rows], device=device)  # (B,) seq_b[t_b]
         kv = target_kv(cache, target, max(t))  # (B, K, max t, D): row b's keys past t_b - 1 are stale
         q, start = None, time.perf_counter()
         if k:
-            drafted, q = draft_rows(drafter, target, newest, hidden, cache.length, kv, k,
-                                    [samplers[b] for b in rows] if sampled_drafts else None)  # (B, k), (B, k, V)
+            drafted, q = drafter.propose_rows(target, [seqs[b][-1] for b in rows], hidden, t, kv, k,
+                                              [samplers[b] for b in rows] if sampled_drafts else None)  # (B, k), (B, k, V)
             drafted = drafted.tolist()
         else:
             drafted = [[]] * len(rows)
