@@ -235,12 +235,10 @@ def file_reader(model_dir: Path, prefix: str) -> Reader:
 
 def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = True,
-    decodes: bool = True,
 ) -> Gemma4Model:
     """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
-    layer swapped in (gemma4/fast/); `decodes=False`: the model only
-    verifies (K + 1 rows a forward, never 1), so packing need only pay there. `gemma4.fast.kernels_of(model)`
-    lists the kernel decisions and what they cost the load."""
+    layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and what they
+    cost the load."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -259,7 +257,7 @@ def load_target(
     del state  # the model holds every tensor now; a cast that packing replaces must not live on here
     model.eval().requires_grad_(False)
     if fast:
-        make_fast(model, file_reader(model_dir, prefix), ("head", "embed_tokens.weight"), decodes=decodes)
+        make_fast(model, file_reader(model_dir, prefix), ("head", "embed_tokens.weight"))
     return model
 
 

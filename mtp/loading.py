@@ -95,7 +95,6 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
 
 def load_drafter(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = True,
-    decodes: bool = True,
 ) -> Drafter:
     """The assistant of a local directory or Hub id, in eval mode, without gradients, with the speed layer as
     the target's (`load_target`; a centroid head gathers rows: it has no product)."""
@@ -112,5 +111,5 @@ def load_drafter(
     drafter.eval().requires_grad_(False)
     if fast:
         head = None if cfg.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
-        make_fast(drafter, file_reader(model_dir, ""), head, decodes=decodes)
+        make_fast(drafter, file_reader(model_dir, ""), head)
     return drafter

@@ -106,7 +106,7 @@ def packing_report(target: Gemma4Model, drafter: Drafter, load_s: float, unpacke
                    ) -> dict[str, Any]:
     """The loaders' kernel decisions (gemma4/fast/), one per (shape, dtype), and what they cost the load."""
     mine, theirs = kernels_of(target), kernels_of(drafter)
-    return {"target": [c._asdict() for c in mine], "assistant": [c._asdict() for c in theirs],
+    return {"target": [c.as_dict() for c in mine], "assistant": [c.as_dict() for c in theirs],
             "decision_s": sum(c.cost_s for c in mine + theirs), "load_s": load_s,
             "load_s_pack_false": unpacked_load_s}
 

@@ -58,12 +58,12 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
 
 @torch.no_grad()
 def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
-              kernels: tuple[str, str] | None = None, rows: int = VERIFY_ROWS, decodes: bool = True) -> list[Choice]:
+              kernels: tuple[str, str] | None = None, rows: int = VERIFY_ROWS) -> list[Choice]:
     """Prepare every product of `model` (`groups`, and the tied head `head` = (head module, weight key)) and swap
     in the fast modules. Returns the kernel decisions, one per (shape, dtype).
 
-    `kernels`: None times every kernel for 1 and `rows` rows and takes the layout `measure` picks (`decodes=False`:
-    on `rows` alone, for a model that only verifies); a pair (1 row, 2 or more), e.g. ("packed", "packed") or
+    `kernels`: None times every kernel for 1 and `rows` rows and takes the layout `measure` picks; a pair (1 row,
+    2 or more), e.g. ("packed", "packed") or
     ("mkl", "onednn"), forces those kernels wherever oneDNN can (tests force every choice)."""
     choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
@@ -81,7 +81,7 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
         blocked, signature = None, (tuple(values.shape), values.dtype)
         if signature not in choices:
             if kernels is None:
-                choices[signature], blocked = measure(values, rows, decodes=decodes)
+                choices[signature], blocked = measure(values, rows)
             else:
                 choices[signature] = forced(values, kernels)
         choice = choices[signature]

@@ -10,8 +10,8 @@
   packed (for every row count). Which pays depends on the CPU, the weight and the row count, so `measure` times
   all three on the real weight for 1 row and for K + 1 = `VERIFY_ROWS` rows, alternating, the best of `REPS`
   each (minima: a neighbour's load only ever adds time). `fastest_layout` takes the faster plain kernel for each
-  row count, then the layout whose worst slowdown against the fastest kernel of each count is least: over 1 and
-  K + 1 rows by default, K + 1 alone for a model that only verifies (`decodes=False`). A product's time is then
+  row count, then the layout whose worst slowdown against the fastest kernel of each count is least, over 1 and
+  K + 1 rows. A product's time is then
   within that factor of the best kernel's whatever the mix of decode steps and verifies.
   Figures: scripts/benchmark.md; why: gemma4/fast/README.md.
 
@@ -19,7 +19,8 @@ Shape legend: N rows (tokens), I in features, O out features.
 """
 
 import time
-from typing import NamedTuple
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -71,37 +72,50 @@ def block(weight: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- the kernel decision
 
-class Choice(NamedTuple):
+@dataclass(frozen=True)
+class Choice:
     """One (shape, dtype)'s decision, with what it was based on and what it cost the load."""
     shape: tuple[int, int]
     dtype: str
-    packed: bool
-    plain_s: tuple[float, float] | None  # seconds of one product of 1 row and of `rows` rows in the plain layout,
-    packed_s: tuple[float, float] | None  # by its faster kernel for each; packed; None: not timed
+    kernels: tuple[str, str]  # the kernel for 1 row and for 2 or more, each of KERNELS
+    seconds: dict[str, tuple[float, float]] | None  # every kernel's seconds for 1 and `rows` rows; None: not timed
+    rows: int  # the verify it was timed for: K + 1 rows
     cost_s: float  # time spent deciding, layout included
     why: str
-    onednn_rows: int = 0  # the fewest rows a plain product sends to oneDNN on the unpacked weight (0: none)
-    kernels: tuple[str, str] = ("mkl", "mkl")  # the kernel for 1 row and for 2 or more, each of KERNELS
-    seconds: dict[str, tuple[float, float]] | None = None  # every kernel's seconds for 1 and `rows` rows
-    rows: int = VERIFY_ROWS  # the verify it was timed for: K + 1 rows
+
+    def __post_init__(self) -> None:
+        if self.kernels.count("packed") == 1 or not set(self.kernels) <= set(KERNELS):
+            raise ValueError(f"{self.kernels}: each of {KERNELS}, and one layout a weight: packed for every row count "
+                             f"or none")
+
+    @property
+    def packed(self) -> bool:
+        return self.kernels[0] == "packed"
 
     @property
     def onednn(self) -> tuple[bool, bool]:
         """`Product.onednn`: oneDNN's product for 1 row, for 2 or more."""
         return self.kernels[0] != "mkl", self.kernels[1] != "mkl"
 
+    @property
+    def plain_s(self) -> tuple[float, float] | None:
+        """Seconds of one product of 1 row and of `rows` rows in the plain layout, by its faster kernel for each."""
+        s = self.seconds
+        return None if s is None else (min(s["mkl"][0], s["onednn"][0]), min(s["mkl"][1], s["onednn"][1]))
 
-def decided(shape: tuple[int, int], dtype: str, kernels: tuple[str, str], seconds: dict[str, tuple[float, float]]
-            | None, rows: int, cost_s: float, why: str) -> Choice:
-    """The Choice of `kernels` (1 row, 2 or more): packed for both, or plain with MKL or oneDNN for each."""
-    if kernels.count("packed") == 1 or not set(kernels) <= set(KERNELS):
-        raise ValueError(f"{kernels}: each of {KERNELS}, and one layout a weight: packed for every row count or none")
-    packed = kernels[0] == "packed"
-    plain_s = None if seconds is None else (min(seconds["mkl"][0], seconds["onednn"][0]),
-                                            min(seconds["mkl"][1], seconds["onednn"][1]))
-    onednn_rows = 1 if kernels[0] == "onednn" else 2 if kernels[1] == "onednn" else 0
-    return Choice(shape, dtype, packed, plain_s, None if seconds is None else seconds["packed"], cost_s, why,
-                  onednn_rows, kernels, seconds, rows)
+    @property
+    def packed_s(self) -> tuple[float, float] | None:
+        return None if self.seconds is None else self.seconds["packed"]
+
+    @property
+    def onednn_rows(self) -> int:
+        """The fewest rows a plain product sends to oneDNN on the unpacked weight (0: none)."""
+        return 1 if self.kernels[0] == "onednn" else 2 if self.kernels[1] == "onednn" else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields and what they imply, for a JSON report (scripts/benchmark.py)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            name: getattr(self, name) for name in ("packed", "plain_s", "packed_s", "onednn_rows")}
 
 
 def _seconds(product: Product, x: torch.Tensor, repeat: int) -> float:
@@ -111,28 +125,27 @@ def _seconds(product: Product, x: torch.Tensor, repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
-def fastest_layout(seconds: dict[str, tuple[float, float]], decodes: bool) -> tuple[tuple[str, str], str]:
+def fastest_layout(seconds: dict[str, tuple[float, float]]) -> tuple[tuple[str, str], str]:
     """The kernels (1 row, 2 or more) of the layout whose worst slowdown against the fastest kernel of each row count
-    is least: over 1 and K + 1 rows if the model decodes, K + 1 alone if it only verifies. Plain takes its faster
+    is least, over 1 and K + 1 rows. Plain takes its faster
     kernel for each count; a tie stays plain (no copy). Returns them and why, the slowdowns."""
     fastest = [min(s[i] for s in seconds.values()) for i in (0, 1)]
     plain = tuple(min(("mkl", "onednn"), key=lambda k: seconds[k][i]) for i in (0, 1))
     slowdown = {ks: [seconds[k][i] / fastest[i] for i, k in enumerate(ks)] for ks in (plain, ("packed", "packed"))}
-    kernels = min(slowdown, key=lambda ks: max(slowdown[ks]) if decodes else slowdown[ks][1])
+    kernels = min(slowdown, key=lambda ks: max(slowdown[ks]))
     why = "; ".join(f"{'/'.join(dict.fromkeys(ks))} {s[0]:.2f}x / {s[1]:.2f}x" for ks, s in slowdown.items())
     return kernels, f"time over the fastest kernel's for 1 / K + 1 rows: {why}"
 
 
 @torch.inference_mode()
-def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS, decodes: bool = True
-            ) -> tuple[Choice, torch.Tensor | None]:
+def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS) -> tuple[Choice, torch.Tensor | None]:
     """Every kernel on this weight (O, I) for 1 and `rows` rows, interleaved, best of `reps` each (fewer for a
     weight whose product takes milliseconds), and the layout `fastest_layout` picks on those times. Returns the
     decision and the packed layout it timed, if packed."""
     start = time.perf_counter()
     shape, name = tuple(weight.shape), str(weight.dtype).removeprefix("torch.")
     if not packable(weight):
-        return decided(shape, name, ("mkl", "mkl"), None, rows, 0.0, NO_KERNEL), None
+        return Choice(shape, name, ("mkl", "mkl"), None, rows, 0.0, NO_KERNEL), None
     ways = {"mkl": Product(weight, False), "onednn": Product(weight, False, onednn=(True, True)),
             "packed": Product(weight, True)}
     xs = [torch.randn(n, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(weight.dtype)
@@ -149,9 +162,9 @@ def measure(weight: torch.Tensor, rows: int = VERIFY_ROWS, reps: int = REPS, dec
         for way, i in order if rep % 2 == 0 else reversed(order):
             best[way, i] = min(best[way, i], _seconds(ways[way], xs[i], repeat[way, i]))
     seconds = {way: (best[way, 0], best[way, 1]) for way in ways}
-    kernels, why = fastest_layout(seconds, decodes)
+    kernels, why = fastest_layout(seconds)
     blocked = ways["packed"].weight if kernels[0] == "packed" else None
-    return decided(shape, name, kernels, seconds, rows, time.perf_counter() - start, why), blocked
+    return Choice(shape, name, kernels, seconds, rows, time.perf_counter() - start, why), blocked
 
 
 def forced(weight: torch.Tensor, kernels: tuple[str, str]) -> Choice:
@@ -159,5 +172,5 @@ def forced(weight: torch.Tensor, kernels: tuple[str, str]) -> Choice:
     every choice)."""
     shape, name = tuple(weight.shape), str(weight.dtype).removeprefix("torch.")
     if not packable(weight):
-        return decided(shape, name, ("mkl", "mkl"), None, VERIFY_ROWS, 0.0, NO_KERNEL)
-    return decided(shape, name, kernels, None, VERIFY_ROWS, 0.0, "forced")
+        return Choice(shape, name, ("mkl", "mkl"), None, VERIFY_ROWS, 0.0, NO_KERNEL)
+    return Choice(shape, name, kernels, None, VERIFY_ROWS, 0.0, "forced")
