@@ -21,7 +21,7 @@ import generate  # scripts/generate.py (pyproject.toml puts scripts/ on pytest's
 from gemma4 import Gemma4Tokenizer, KVCache, SamplerConfig, greedy_generate, load_target, sample_generate
 from gemma4.fast import make_fast, products
 from gemma4.fast.kernels import ONEDNN
-from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
+from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.weights import file_reader
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate
 from mtp.speculative import target_kv
@@ -36,6 +36,10 @@ SAMPLER = SamplerConfig(temperature=0.9, top_k=40, seed=5)
 def static(target, drafter, n: int = N, compiled_rows: tuple[int, ...] = (),  # noqa: ANN001, ANN201
            compile: bool = False):
     cache = StaticKVCache(target.config, len(prompt("long")) + n)
+    if compiled_rows:
+        prepare_to_compile(target, target.embed_tokens.weight, max(compiled_rows))
+    if compile:
+        prepare_to_compile(drafter, drafter.model.embed_tokens.weight)
     return StaticTarget(target, compiled_rows), StaticDrafter(drafter, compile), cache
 
 
@@ -134,6 +138,12 @@ def test_steps_have_no_graph_break(tmp_path, shape: str, kernel: str) -> None:  
     head = None if drafter.config.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
     make_fast(drafter, file_reader(assistant_dir, ""), head, kernels=kernels)
     assert all(p.packed or any(p.onednn) for p in products(target)) or not ONEDNN  # oneDNN where there is one
+    with pytest.raises(ValueError, match="prepare_to_compile"):  # a constructor never rewrites the model it wraps
+        StaticTarget(target, compiled_rows=(1, 5))
+    with pytest.raises(ValueError, match="prepare_to_compile"):
+        StaticDrafter(drafter, compile=True)
+    prepare_to_compile(target, target.embed_tokens.weight, 5)
+    prepare_to_compile(drafter, drafter.model.embed_tokens.weight)
     st, sd = StaticTarget(target, compiled_rows=(1, 5)), StaticDrafter(drafter, compile=True)  # nothing compiled yet
     # Inductor cannot lower oneDNN's product given to it (it packs its own): every product is torch.matmul now.
     assert not any(p.packed or any(p.onednn) for p in products(target) + products(drafter))

@@ -34,12 +34,14 @@ from torch import nn
 
 from gemma4.cache import KVCache
 from gemma4.config import FULL, SLIDING, TextConfig
+from gemma4.fast.apply import products
 from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import Product
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.model import (
     Gemma4Model, LayerInputs, ModelOutput, additive_mask, attention_mask, embed_scale, rope_cos_sin, rope_frequencies,
 )
+from gemma4.moe import Experts
 from gemma4.sampling import SamplerConfig
 
 if TYPE_CHECKING:  # gemma4 never imports mtp at run time: the drafter is only named here
@@ -122,6 +124,23 @@ def plain_products(model: nn.Module, head: torch.Tensor) -> None:
             setattr(module, name, Product(product.weight, False, choice=product.choice))
 
 
+def prepare_to_compile(model: nn.Module, head: torch.Tensor, rows: int = 0) -> None:
+    """Rewrite `model` in place for `torch.compile`, as its caller's explicit step before wrapping it in a
+    StaticTarget or StaticDrafter: every oneDNN product plain (`plain_products`; `head`: the tied head's
+    embedding) and, with `rows` (the most rows a compiled step takes), MoE experts gathered for that many tokens
+    (a graph cannot hold the experts' loop; gemma4/fast/experts.py). The numbers are the same."""
+    plain_products(model, head)
+    if rows:
+        gather_experts(model, rows)
+
+
+def ready_to_compile(model: nn.Module, rows: int = 0) -> bool:
+    """Whether `prepare_to_compile(model, ..., rows)` has nothing left to do."""
+    if any(p.packed or any(p.onednn) for p in products(model)):
+        return False
+    return all(getattr(m, "rows", 0) >= rows for m in model.modules() if isinstance(m, Experts))
+
+
 def compiled(fn, device: torch.device):  # noqa: ANN001, ANN201 (a function and its compiled form)
     """One graph per input shape, or an error: no graph breaks, no dynamic shapes. CUDA graphs on CUDA."""
     return torch.compile(fn, fullgraph=True, dynamic=False, mode="reduce-overhead" if device.type == "cuda" else None)
@@ -159,9 +178,9 @@ class StaticTarget:
         self.freqs = frequencies(c, self.device)
         self.compiled_rows = frozenset(compiled_rows)
         self.cudagraphs = bool(compiled_rows) and self.device.type == "cuda"
-        if compiled_rows:
-            plain_products(model, model.embed_tokens.weight)
-            gather_experts(model, max(compiled_rows))  # MoE: a graph cannot hold the experts' loop (a prefill can)
+        if compiled_rows and not ready_to_compile(model, max(compiled_rows)):
+            raise ValueError("compiling needs plain products and gathered experts: call "
+                             "prepare_to_compile(model, model.embed_tokens.weight, max(compiled_rows)) first")
         self.step = compiled(self.forward, self.device) if compiled_rows else self.forward
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # T -> arange, positions, ids
 
@@ -232,8 +251,9 @@ class StaticDrafter:
         self.device = w.device
         self.freqs = frequencies(drafter.config.text, self.device)
         self.cudagraphs = compile and self.device.type == "cuda"
-        if compile:
-            plain_products(drafter, drafter.model.embed_tokens.weight)
+        if compile and not ready_to_compile(drafter):
+            raise ValueError("compiling needs plain products: call "
+                             "prepare_to_compile(drafter, drafter.model.embed_tokens.weight) first")
         self.step = compiled(self.forward, self.device) if compile else self.forward
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # position, token, hidden
 

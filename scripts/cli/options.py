@@ -34,7 +34,7 @@ import torch
 
 from gemma4.config import ConfigError
 from gemma4.config_file import read_json
-from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
+from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.generate import PromptError
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
@@ -356,8 +356,12 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
     k = assistant.draft_length.initial if assistant is not None else 0
     rows = tuple(t for t in (1, k + 1) if t <= capacity) if k else (1,)  # a verify never runs past the budget
     start = time.perf_counter()
+    prepare_to_compile(model, model.embed_tokens.weight, max(rows))  # in place: this run only compiles from here
     static = StaticTarget(model, compiled_rows=rows, context=capacity)  # the loops stop where the cache ends
-    drafter = StaticDrafter(assistant.drafter, compile=True) if assistant is not None else None
+    drafter = None
+    if assistant is not None:
+        prepare_to_compile(assistant.drafter, assistant.drafter.model.embed_tokens.weight)
+        drafter = StaticDrafter(assistant.drafter, compile=True)
     w = model.embed_tokens.weight
     cache = StaticKVCache(model.config, capacity, w.dtype, w.device)
     static.warm_up(cache)
