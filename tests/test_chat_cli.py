@@ -31,7 +31,7 @@ import pytest
 
 import chat  # scripts/chat.py (pyproject.toml puts scripts/ on pytest's path)
 from gemma4.tokenizer import CHANNEL_END_ID, CHANNEL_START_ID, Gemma4Tokenizer
-from tests.test_cli import assert_one_line_failure, pair, run_inprocess  # noqa: F401 (pair is a fixture)
+from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "chat.py"
@@ -106,7 +106,7 @@ def contains(ids: list[int], part: list[int]) -> bool:
 # ---------------------------------------------------------------- exactness
 
 @pytest.mark.parametrize("name", SETTINGS)
-def test_turns_equal_generate_on_their_prompt_ids(name: str, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_turns_equal_generate_on_their_prompt_ids(name: str, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     status, replies, err = run_chat(capsys, model_flags(pair, SETTINGS[name], chat_flags=True), SCRIPT_LINES)
     assert status == 0 and err == "", err  # /exit: the line after it is never read
     assert [r["turn"] for r in replies] == [1, 2, 3, 1, 2]
@@ -135,7 +135,7 @@ class InterruptSecondTurn(chat.Stream):
 
 
 @pytest.mark.parametrize("name", ["greedy-speculative", "sampled-plain-think"])
-def test_after_an_interrupted_turn_and_a_turn_too_long(name: str, pair, capsys: pytest.CaptureFixture,  # noqa: F811
+def test_after_an_interrupted_turn_and_a_turn_too_long(name: str, pair, capsys: pytest.CaptureFixture,  # noqa: ANN001
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chat, "Stream", InterruptSecondTurn)
     monkeypatch.setattr(InterruptSecondTurn, "made", 0)
@@ -150,7 +150,7 @@ def test_after_an_interrupted_turn_and_a_turn_too_long(name: str, pair, capsys: 
     check_turns(capsys, flags, replies, system_turn="--think" in chat_flags)
 
 
-def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     """Without --json and without a terminal: stdout holds the replies alone, the same text as --json's;
     a message too long for the context is not sent, in one line, and the session goes on."""
     flags = model_flags(pair, ["--temperature", "0"])
@@ -166,7 +166,7 @@ def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # no
 
 
 @pytest.mark.parametrize("speculative", [True, False])
-def test_a_smaller_context(speculative: bool, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_a_smaller_context(speculative: bool, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     """--context N: a reply stops where the conversation reaches N positions (the tokens of the same turn in the
     model's context, cut there), and a turn that cannot fit is refused naming N."""
     flags = model_flags(pair, ["--temperature", "0", *([] if speculative else ["--no-assistant"])])
@@ -216,7 +216,7 @@ def test_refusals(args: list[str], expected: str, capsys: pytest.CaptureFixture)
 
 
 @pytest.mark.parametrize("case", ["no tokenizer", "no control tokens"])
-def test_a_tokenizer_chat_cannot_use(case: str, pair, tmp_path: Path,  # noqa: F811
+def test_a_tokenizer_chat_cannot_use(case: str, pair, tmp_path: Path,  # noqa: ANN001
                                      capsys: pytest.CaptureFixture) -> None:
     target = Path(shutil.copytree(pair[0], tmp_path / "target"))
     file = target / "tokenizer.json"

@@ -26,11 +26,9 @@ def prompt(length: int, seed: int = 11) -> list[int]:
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{s}-{'centroid' if o else 'dense'}" for s, o in CASES])
-def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def files(request: pytest.FixtureRequest, make_pair) -> tuple[Path, Path]:  # noqa: ANN001 (conftest.py)
     shape, ordered = request.param
-    root = tmp_path_factory.mktemp(shape)
-    target = write_target(root / "target", shape)
-    return target, write_assistant(root / "assistant", target, ordered_embeddings=ordered, seed=3)
+    return make_pair(shape, ordered_embeddings=ordered, assistant_seed=3)
 
 
 def load_pair(files: tuple[Path, Path], dtype: torch.dtype):  # noqa: ANN201

@@ -34,7 +34,6 @@ import mtp.accept as rules
 from gemma4 import SamplerConfig, load_target
 from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, keyed_sample, keyed_uniform, sample, warp
 from mtp import DraftLength, load_drafter, speculative_generate
-from tests.checkpoints import write_assistant, write_target
 from tests.pairs import prompt
 
 L, K, N = 4, 2, 800
@@ -148,10 +147,8 @@ def draft_length(rule: str) -> DraftLength:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    root = tmp_path_factory.mktemp("distribution")
-    target = write_target(root / "target", "mini", seed=2)
-    drafter = write_assistant(root / "assistant", target, ordered_embeddings=False, echo=True, seed=2)
+def pair(make_pair):  # noqa: ANN001, ANN201 (conftest.py)
+    target, drafter = make_pair("mini", ordered_embeddings=False, echo=True, target_seed=2, assistant_seed=2)
     return load_target(target), load_drafter(drafter)
 
 
