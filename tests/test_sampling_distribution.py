@@ -25,6 +25,7 @@ With top-k 0 every token of the vocabulary is a candidate: plain keyed draws of 
 positions are tested against that row's warped law, at top-p 1 and 0.9.
 """
 
+import copy
 import math
 
 import pytest
@@ -159,7 +160,7 @@ def law(pair) -> dict[tuple[int, ...], float]:  # noqa: ANN001
 
 @pytest.mark.parametrize("rule", RULES)
 def test_first_tokens_follow_the_target_law(rule: str, pair, law, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    target, drafter = pair
+    target, drafter = pair[0], copy.deepcopy(pair[1])  # the spy goes on a copy: the module's drafter stays
     drafting, replaced, replacement = RULES[rule]
     raw_q_spy(drafter, monkeypatch)
     if replaced:
