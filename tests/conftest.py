@@ -6,10 +6,12 @@
   Every test reads the same directories, so a test that edits a file edits a copy (shutil.copytree).
 - `pair`: the pair the command-line tests run, shaped like a release (make_pair's `release=True`). A module
   that needs another pair defines its own `pair` from make_pair.
+- `default_sigint`: Ctrl-C raises KeyboardInterrupt for the test, whatever the run inherited.
 After the run, the terminal summary prints what the tests measured (tests/measured.py).
 """
 
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,21 @@ def make_pair(tmp_path_factory: pytest.TempPathFactory) -> MakePair:
 def pair(make_pair: MakePair) -> tuple[Path, Path]:
     """The E2B-like pair with a centroid head and the echo drafter (partly right), beside a release's files."""
     return make_pair("e2b", ordered_embeddings=True, echo=True, release=True)
+
+
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in this process, and in the scripts it starts, for one test.
+
+    A process started with SIGINT ignored (a background job of a non-interactive shell: `pytest &` in a
+    script) keeps it ignored: Python installs its KeyboardInterrupt handler only over the default action, and
+    an ignored signal stays ignored across fork and exec. A real Ctrl-C then does nothing, in pytest and in
+    the scripts its tests start. A handler installed here is reset to the default action by exec, so a script
+    started during the test installs Python's handler again."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if before is not None:  # None: a handler installed outside Python, which Python cannot put back
+        signal.signal(signal.SIGINT, before)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -119,7 +119,14 @@ def test_turns_equal_generate_on_their_prompt_ids(name: str, pair, capsys: pytes
 
 
 class InterruptSecondTurn(chat.Stream):
-    """The stream of chat.py, with a real SIGINT (Ctrl-C's signal) once turn 2 has shown 4 tokens."""
+    """The stream of chat.py, with a real SIGINT (Ctrl-C's signal) once turn 2 has shown 4 tokens.
+
+    signal.raise_signal runs the Python handler before it returns, so with Python's default handler the
+    KeyboardInterrupt leaves this commit, inside the loop, every time. A pytest started with SIGINT ignored
+    (`pytest &` in a script: a non-interactive shell's background job) has no such handler: Python keeps
+    an inherited SIG_IGN, raise_signal does nothing and turn 2 finishes "length" (`bash -c 'pytest ... &
+    wait'` reproduces it every time; under coreutils `timeout`, which installs its own handler, it passes).
+    The test therefore installs the default handler itself (conftest.py `default_sigint`)."""
     made = 0
 
     def __init__(self, tokenizer: Gemma4Tokenizer, sinks: list) -> None:
@@ -134,6 +141,7 @@ class InterruptSecondTurn(chat.Stream):
             signal.raise_signal(signal.SIGINT)
 
 
+@pytest.mark.usefixtures("default_sigint")  # Ctrl-C raises KeyboardInterrupt, whatever the run inherited
 @pytest.mark.parametrize("name", ["greedy-speculative", "sampled-plain-think"])
 def test_after_an_interrupted_turn_and_a_turn_too_long(name: str, pair, capsys: pytest.CaptureFixture,  # noqa: ANN001
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -314,7 +322,8 @@ class Terminal:
 
 
 @pytest.fixture
-def terminal() -> Iterator[Callable[[list[str]], Terminal]]:
+def terminal(default_sigint: None) -> Iterator[Callable[[list[str]], Terminal]]:
+    """Terminals whose chat.py stops on Ctrl-C: an ignored SIGINT would stay ignored in the child (conftest.py)."""
     started: list[Terminal] = []
 
     def start(args: list[str]) -> Terminal:

@@ -448,6 +448,7 @@ def test_os_errors(error: OSError, status: int, capsys: pytest.CaptureFixture) -
     assert err.strip().splitlines()[-1].startswith("error: " if status == 2 else "OSError")
 
 
+@pytest.mark.usefixtures("default_sigint")  # a SIGINT the run ignores stays ignored in the script it starts
 def test_ctrl_c_prints_what_was_generated(pair: tuple[Path, Path]) -> None:
     target, assistant = pair
     args = ["--target", str(target), "--assistant", str(assistant), "--prompt-ids", "2,105,7",
