@@ -12,6 +12,7 @@ drafter's is 6), K in {1, 2, 4, 7}, a duplicate prompt, permuted rows, a batch o
 The echo drafter (tests/checkpoints.py) against a target with halved branches is partly right.
 """
 
+import copy
 from collections.abc import Callable
 
 import pytest
@@ -182,7 +183,8 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
     budgets = [40, 40, 40, 1 + (k + 1) * 2 + 2, 30]  # row 3's budget ends inside its third block
     monkeypatch.setattr(drafter, "propose_rows", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
     sizes: list[int] = []
-    run = target.run
+    spied = copy.deepcopy(target)  # the spy goes on a copy: `models` is the session's, read by other tests
+    run = spied.run
 
     def spy(ids, cache=None, start_pos=0, num_logits=None):  # noqa: ANN001, ANN202
         sizes.append(ids.shape[0])
@@ -190,8 +192,8 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
         assert not out.logits.isnan().any() and not out.hidden.isnan().any()
         return out
 
-    monkeypatch.setattr(target, "run", spy)
-    batch = speculative_generate_batch(target, drafter, prompts, budgets, DraftLength(k), stops)
+    monkeypatch.setattr(spied, "run", spy)
+    batch = speculative_generate_batch(spied, drafter, prompts, budgets, DraftLength(k), stops)
     monkeypatch.undo()
     for ids, n, stop, result in zip(prompts, budgets, stops, batch):
         expected = greedy_generate(target, ids, n, stop_ids=stop)

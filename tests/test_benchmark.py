@@ -11,7 +11,6 @@ import pytest
 import benchmark
 from bench.random_pair import assistant_config, target_config
 from gemma4 import load_target
-from tests.checkpoints import write_assistant, write_target
 
 PAIR_KEYS = {"target", "assistant", "prompt_tokens", "new_tokens", "reps", "k", "transformers", "methods", "ratios",
              "identical", "aten_calls_per_decode_step", "packing"}
@@ -25,10 +24,8 @@ def tiny_e2b_like(vocab: int) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("bench")
-    target = write_target(root / "target", "e2b")
-    return target, write_assistant(root / "assistant", target, ordered_embeddings=True, echo=True)
+def pair(make_pair) -> tuple[Path, Path]:  # noqa: ANN001 (conftest.py)
+    return make_pair("e2b", ordered_embeddings=True, echo=True)
 
 
 def tiny_bench() -> tuple[dict, dict]:

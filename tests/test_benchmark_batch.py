@@ -9,14 +9,11 @@ import pytest
 
 import benchmark
 from bench.batch import EXPERTS, TOP_K, batch_table, uniform_expectation
-from tests.checkpoints import write_assistant, write_target
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("bench_batch")
-    target = write_target(root / "target", "dense")
-    return target, write_assistant(root / "assistant", target, ordered_embeddings=False, echo=True)
+def pair(make_pair) -> tuple[Path, Path]:  # noqa: ANN001 (conftest.py)
+    return make_pair("dense", ordered_embeddings=False, echo=True)
 
 
 def test_batch_and_expert_sections(pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ import pytest
 
 import chat  # scripts/chat.py (pyproject.toml puts scripts/ on pytest's path)
 from gemma4.tokenizer import CHANNEL_END_ID, CHANNEL_START_ID, Gemma4Tokenizer
-from tests.test_cli import assert_one_line_failure, pair, run_inprocess  # noqa: F401 (pair is a fixture)
+from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "chat.py"
@@ -106,7 +106,7 @@ def contains(ids: list[int], part: list[int]) -> bool:
 # ---------------------------------------------------------------- exactness
 
 @pytest.mark.parametrize("name", SETTINGS)
-def test_turns_equal_generate_on_their_prompt_ids(name: str, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_turns_equal_generate_on_their_prompt_ids(name: str, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     status, replies, err = run_chat(capsys, model_flags(pair, SETTINGS[name], chat_flags=True), SCRIPT_LINES)
     assert status == 0 and err == "", err  # /exit: the line after it is never read
     assert [r["turn"] for r in replies] == [1, 2, 3, 1, 2]
@@ -119,7 +119,14 @@ def test_turns_equal_generate_on_their_prompt_ids(name: str, pair, capsys: pytes
 
 
 class InterruptSecondTurn(chat.Stream):
-    """The stream of chat.py, with a real SIGINT (Ctrl-C's signal) once turn 2 has shown 4 tokens."""
+    """The stream of chat.py, with a real SIGINT (Ctrl-C's signal) once turn 2 has shown 4 tokens.
+
+    signal.raise_signal runs the Python handler before it returns, so with Python's default handler the
+    KeyboardInterrupt leaves this commit, inside the loop, every time. A pytest started with SIGINT ignored
+    (`pytest &` in a script: a non-interactive shell's background job) has no such handler: Python keeps
+    an inherited SIG_IGN, raise_signal does nothing and turn 2 finishes "length" (`bash -c 'pytest ... &
+    wait'` reproduces it every time; under coreutils `timeout`, which installs its own handler, it passes).
+    The test therefore installs the default handler itself (conftest.py `default_sigint`)."""
     made = 0
 
     def __init__(self, tokenizer: Gemma4Tokenizer, sinks: list) -> None:
@@ -134,8 +141,9 @@ class InterruptSecondTurn(chat.Stream):
             signal.raise_signal(signal.SIGINT)
 
 
+@pytest.mark.usefixtures("default_sigint")  # Ctrl-C raises KeyboardInterrupt, whatever the run inherited
 @pytest.mark.parametrize("name", ["greedy-speculative", "sampled-plain-think"])
-def test_after_an_interrupted_turn_and_a_turn_too_long(name: str, pair, capsys: pytest.CaptureFixture,  # noqa: F811
+def test_after_an_interrupted_turn_and_a_turn_too_long(name: str, pair, capsys: pytest.CaptureFixture,  # noqa: ANN001
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chat, "Stream", InterruptSecondTurn)
     monkeypatch.setattr(InterruptSecondTurn, "made", 0)
@@ -150,7 +158,7 @@ def test_after_an_interrupted_turn_and_a_turn_too_long(name: str, pair, capsys: 
     check_turns(capsys, flags, replies, system_turn="--think" in chat_flags)
 
 
-def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     """Without --json and without a terminal: stdout holds the replies alone, the same text as --json's;
     a message too long for the context is not sent, in one line, and the session goes on."""
     flags = model_flags(pair, ["--temperature", "0"])
@@ -166,7 +174,7 @@ def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # no
 
 
 @pytest.mark.parametrize("speculative", [True, False])
-def test_a_smaller_context(speculative: bool, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_a_smaller_context(speculative: bool, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     """--context N: a reply stops where the conversation reaches N positions (the tokens of the same turn in the
     model's context, cut there), and a turn that cannot fit is refused naming N."""
     flags = model_flags(pair, ["--temperature", "0", *([] if speculative else ["--no-assistant"])])
@@ -216,7 +224,7 @@ def test_refusals(args: list[str], expected: str, capsys: pytest.CaptureFixture)
 
 
 @pytest.mark.parametrize("case", ["no tokenizer", "no control tokens"])
-def test_a_tokenizer_chat_cannot_use(case: str, pair, tmp_path: Path,  # noqa: F811
+def test_a_tokenizer_chat_cannot_use(case: str, pair, tmp_path: Path,  # noqa: ANN001
                                      capsys: pytest.CaptureFixture) -> None:
     target = Path(shutil.copytree(pair[0], tmp_path / "target"))
     file = target / "tokenizer.json"
@@ -314,7 +322,8 @@ class Terminal:
 
 
 @pytest.fixture
-def terminal() -> Iterator[Callable[[list[str]], Terminal]]:
+def terminal(default_sigint: None) -> Iterator[Callable[[list[str]], Terminal]]:
+    """Terminals whose chat.py stops on Ctrl-C: an ignored SIGINT would stay ignored in the child (conftest.py)."""
     started: list[Terminal] = []
 
     def start(args: list[str]) -> Terminal:

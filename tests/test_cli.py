@@ -3,8 +3,9 @@
 Most cases call the script's `cli(argv)` in this process (loading a tiny model takes milliseconds;
 starting a Python with torch takes seconds). Three run it as a real subprocess: the JSON contract
 (stdout must hold the object and nothing else), a Hub id with the Hub offline (huggingface_hub reads
-HF_HUB_OFFLINE when it is imported), and Ctrl-C (a real SIGINT). The test target's files are shaped
-like a release's: a chat template, and a generation_config.json that samples (T 1, top-k 64, top-p 0.95).
+HF_HUB_OFFLINE when it is imported), and Ctrl-C (a real SIGINT). The pair is conftest.py's `pair`: the
+test target's files are shaped like a release's, a tokenizer, a chat template, and a generation_config.json
+that samples (T 1, top-k 64, top-p 0.95).
 The defaults rule, the refused flags and the pipes have their own files (tests/test_cli_*.py).
 """
 
@@ -27,7 +28,6 @@ from cli.options import guarded
 from cli.stream import Sink, Stream
 from gemma4.tokenizer import Gemma4Tokenizer
 from tests.checkpoints import STOP_IDS, write_assistant, write_target
-from tests.tokenizer_fixture import write_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "generate.py"
@@ -39,18 +39,6 @@ def one_thread():  # tiny matmuls: a second thread only adds contention on a sha
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("pair")
-    target = write_target(root / "target", "e2b")
-    write_tokenizer(target)
-    # A release ships its chat template beside the tokenizer; the CLI renders Gemma 4's turns itself
-    # (gemma4/tokenizer.py), so the file only has to be there.
-    (target / "chat_template.jinja").write_text("{# Gemma 4's turns: rendered by gemma4/tokenizer.py #}\n")
-    assistant = write_assistant(root / "assistant", target, ordered_embeddings=True, echo=True)
-    return target, assistant
 
 
 def run_subprocess(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -460,6 +448,7 @@ def test_os_errors(error: OSError, status: int, capsys: pytest.CaptureFixture) -
     assert err.strip().splitlines()[-1].startswith("error: " if status == 2 else "OSError")
 
 
+@pytest.mark.usefixtures("default_sigint")  # a SIGINT the run ignores stays ignored in the script it starts
 def test_ctrl_c_prints_what_was_generated(pair: tuple[Path, Path]) -> None:
     target, assistant = pair
     args = ["--target", str(target), "--assistant", str(assistant), "--prompt-ids", "2,105,7",

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import assert_one_line_failure, pair, run_inprocess  # noqa: F401 (pair is a fixture)
+from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
 ROW_KEYS = {"tokens", "text", "finish_reason", "stats", "sampling"}  # the one-prompt object without --compare
 
 
-def common(pair: tuple[Path, Path]) -> list[str]:  # noqa: F811
+def common(pair: tuple[Path, Path]) -> list[str]:
     target, assistant = pair
     return ["--target", str(target), "--assistant", str(assistant), "--max-new-tokens", "16",
             "--num-assistant-tokens", "3", "--ignore-eos"]
@@ -25,7 +25,7 @@ def single(capsys: pytest.CaptureFixture, args: list[str]) -> dict:
 
 
 @pytest.mark.parametrize("drafting", ("argmax", "sample"))
-def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixture,  # noqa: F811
+def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixture,  # noqa: ANN001
                                                drafting: str) -> None:
     texts = ["hi", "tell me about foxes", "hi"]
     sampled = [*common(pair), "--temperature", "0.9", "--top-k", "20", "--drafting", drafting]
@@ -48,7 +48,7 @@ def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixtu
     assert totals["accepted"] == sum(r["stats"]["accepted"] for r in result["rows"])
 
 
-def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:  # noqa: F811
+def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:  # noqa: ANN001
     greedy = ["--target", str(pair[0]), "--max-new-tokens", "16", "--ignore-eos", "--no-assistant", "--temperature", "0"]
     ids = ["2,105,300,301", "2,7,8,9,10,11,12"]
     status, out, _ = run_inprocess(capsys, [*greedy, "--prompt-ids", ids[0], "--prompt-ids", ids[1], "--json"])
@@ -79,7 +79,7 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
     ("ids and file", "give --prompt with it, not --prompt-ids"),
     ("show-drafts", "--show-drafts has no effect here"),
 ])
-def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: str, expected: str) -> None:  # noqa: F811
+def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: str, expected: str) -> None:  # noqa: ANN001
     file = tmp_path / "prompts.txt"
     file.write_text({"empty file": "", "blank line": "hi\n\nthere\n"}.get(case, "hi\nthere\n"))
     args = {
@@ -94,7 +94,7 @@ def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: 
     assert_one_line_failure(status, out, err, expected)
 
 
-def test_compare_without_assistant(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_compare_without_assistant(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     """With several prompts --compare runs them one after another, which plain decoding can do too."""
     args = ["--target", str(pair[0]), "--max-new-tokens", "8", "--no-assistant", "--prompt", "hi", "--prompt", "yo",
             "--compare", "--json"]

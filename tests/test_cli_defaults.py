@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import assert_one_line_failure, pair, run_inprocess  # noqa: F401 (pair is a fixture)
+from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "scripts" / "demo"
@@ -51,7 +51,7 @@ def test_naming_the_demo_is_the_default_run(named: list[str], capsys: pytest.Cap
            [(r["drafted"], r["accepted"]) for r in default["stats"]["rounds"]]  # the same assistant, the same K
 
 
-def test_release_shaped_defaults_sample(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_release_shaped_defaults_sample(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     common = ["--target", str(pair[0]), "--prompt", "hi", *SHORT, "--ignore-eos"]
     status, out, err = run_inprocess(capsys, common)
     assert status == 0, err
@@ -95,7 +95,7 @@ REFUSED = {  # name -> (arguments, what the line names)
 
 
 @pytest.mark.parametrize("case", REFUSED)
-def test_flags_that_would_do_nothing_are_refused(case: str, pair, tmp_path: Path,  # noqa: F811
+def test_flags_that_would_do_nothing_are_refused(case: str, pair, tmp_path: Path,  # noqa: ANN001
                                                  capsys: pytest.CaptureFixture) -> None:
     args, expected = REFUSED[case]
     if args[0] == "GREEDY":

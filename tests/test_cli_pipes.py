@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import pair, run_inprocess  # noqa: F401 (pair is a fixture)
+from tests.test_cli import run_inprocess  # the `pair` fixture is in conftest.py
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "generate.py"
@@ -44,7 +44,7 @@ def test_prompts_from_stdin_in_blocks(capsys: pytest.CaptureFixture) -> None:
         assert row["tokens"] == alone["tokens"]
 
 
-def test_prompts_file_lines(pair, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_prompts_file_lines(pair, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     common = ["--target", str(pair[0]), "--assistant", str(pair[1]), "--max-new-tokens", "4", "--json"]
     file = tmp_path / "prompts.txt"
     file.write_text("hi\nthere\n\n\n")  # blank lines at the end are no prompts
@@ -56,7 +56,7 @@ def test_prompts_file_lines(pair, tmp_path: Path, capsys: pytest.CaptureFixture)
     assert status == 2 and "the prompt at line 3 of --prompts-file" in err
 
 
-def test_max_new_tokens_beyond_the_context(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: F811
+def test_max_new_tokens_beyond_the_context(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
     ids = ",".join(["7"] * 1000)  # the test target's context is 1024
     status, out, err = run_inprocess(capsys, ["--target", str(pair[0]), "--assistant", str(pair[1]), "--prompt-ids",
                                               ids, "--max-new-tokens", "5000", "--ignore-eos", "--json"])

@@ -16,8 +16,6 @@ from gemma4 import KVCache, SamplerConfig, load_target, sample_generate
 from gemma4.sampling import warp
 from mtp import DraftLength, load_drafter, speculative_generate
 from mtp.speculative import target_kv
-from tests.checkpoints import write_assistant, write_target
-from tests.pairs import shrink_branches
 from training.distill import Distill, ce_loss, distill_loss, kl_loss, parse_losses, tv_loss, warped_top
 
 
@@ -104,11 +102,9 @@ def test_bad_losses_and_temperatures_are_refused():
 # ---------------------------------------------------------------- the closed form against the loop
 
 @pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("distill_pair")
-    target_dir = write_target(root / "target", "e2b")
-    shrink_branches(target_dir, 0.2)  # a target that often repeats, as the echo drafter proposes: alpha ~0.3-0.7
-    drafter_dir = write_assistant(root / "assistant", target_dir, ordered_embeddings=True, echo=True, seed=2)
+def tiny_pair(make_pair):
+    # branches 0.2: a target that often repeats, as the echo drafter proposes: alpha ~0.3-0.7
+    target_dir, drafter_dir = make_pair("e2b", ordered_embeddings=True, echo=True, assistant_seed=2, branches=0.2)
     return load_target(target_dir), load_drafter(drafter_dir)
 
 

@@ -3,6 +3,7 @@ both heads and the next hidden for the same target state (float32, bound against
 tests/tolerance.py), whole drafting rounds, and the first round of transformers' assisted `generate`.
 Plus the load-time pair checks."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -26,11 +27,9 @@ def prompt(length: int, seed: int = 11) -> list[int]:
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{s}-{'centroid' if o else 'dense'}" for s, o in CASES])
-def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def files(request: pytest.FixtureRequest, make_pair) -> tuple[Path, Path]:  # noqa: ANN001 (conftest.py)
     shape, ordered = request.param
-    root = tmp_path_factory.mktemp(shape)
-    target = write_target(root / "target", shape)
-    return target, write_assistant(root / "assistant", target, ordered_embeddings=ordered, seed=3)
+    return make_pair(shape, ordered_embeddings=ordered, assistant_seed=3)
 
 
 def load_pair(files: tuple[Path, Path], dtype: torch.dtype):  # noqa: ANN201
@@ -118,15 +117,11 @@ def test_centroid_greedy_needs_no_full_vocabulary(pair) -> None:  # noqa: ANN001
     ids, scores = drafter.masked_embedding.candidates(hn[:1], head)
     best = int(ids[0, scores[0].argmax()])
     other = int(ids[0, scores[0].argsort()[-2]])
-    tied = head.clone()
-    tied[min(best, other)] = tied[max(best, other)] = head[best]
-    # `head` is the Parameter itself, whose .data the next line replaces: keep the original tensor, or the
-    # module-scoped drafter would stay tied for every later test.
-    saved, drafter.model.embed_tokens.weight.data = head.data, tied
-    try:
-        assert int(drafter.greedy_token(hn[:1])) == min(best, other) == int(drafter.logits(hn[:1]).argmax())
-    finally:
-        drafter.model.embed_tokens.weight.data = saved
+    tied_head = head.clone()
+    tied_head[min(best, other)] = tied_head[max(best, other)] = head[best]
+    tied = copy.deepcopy(drafter)  # the module's drafter stays as loaded, for the other tests
+    tied.model.embed_tokens.weight.data = tied_head
+    assert int(tied.greedy_token(hn[:1])) == min(best, other) == int(tied.logits(hn[:1]).argmax())
 
 
 def test_pair_checks_name_both_checkpoints(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedM
 from gemma4.model import MLP, Attention, TiedHead
 from gemma4.weights import file_reader
 from mtp import Drafter, DraftLength, load_drafter, speculative_generate
-from tests.checkpoints import SHAPES, write_assistant, write_target
+from tests.checkpoints import SHAPES, write_target
 
 PROMPT = [2, 17, 300, 45, 99, 260, 7, 410, 33, 12, 5, 480, 77, 301, 18, 64, 9, 250, 3, 11]  # past both windows
 ROWS = range(1, 10)  # a decode step multiplies 1 row, a verify of K = 1..8 drafts K + 1
@@ -29,14 +29,9 @@ ONEDNN = [("onednn", "onednn"), ("mkl", "onednn"), ("onednn", "mkl")]  # oneDNN 
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    root = tmp_path_factory.mktemp("fast")
-    out = {}
-    for shape in SHAPES:
-        target = write_target(root / shape / "target", shape, multimodal=False)
-        out[shape] = target, write_assistant(root / shape / "assistant", target, ordered_embeddings=shape == "e2b",
-                                             echo=True)
-    return out
+def pairs(make_pair) -> dict[str, tuple[Path, Path]]:  # noqa: ANN001 (conftest.py)
+    return {shape: make_pair(shape, ordered_embeddings=shape == "e2b", echo=True, multimodal=False)
+            for shape in SHAPES}
 
 
 def forced(pair: tuple[Path, Path], kernels: tuple[str, str], dtype: torch.dtype = torch.float32

@@ -25,6 +25,7 @@ With top-k 0 every token of the vocabulary is a candidate: plain keyed draws of 
 positions are tested against that row's warped law, at top-p 1 and 0.9.
 """
 
+import copy
 import math
 
 import pytest
@@ -34,7 +35,6 @@ import mtp.accept as rules
 from gemma4 import SamplerConfig, load_target
 from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, keyed_sample, keyed_uniform, sample, warp
 from mtp import DraftLength, load_drafter, speculative_generate
-from tests.checkpoints import write_assistant, write_target
 from tests.pairs import prompt
 
 L, K, N = 4, 2, 800
@@ -148,10 +148,8 @@ def draft_length(rule: str) -> DraftLength:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    root = tmp_path_factory.mktemp("distribution")
-    target = write_target(root / "target", "mini", seed=2)
-    drafter = write_assistant(root / "assistant", target, ordered_embeddings=False, echo=True, seed=2)
+def pair(make_pair):  # noqa: ANN001, ANN201 (conftest.py)
+    target, drafter = make_pair("mini", ordered_embeddings=False, echo=True, target_seed=2, assistant_seed=2)
     return load_target(target), load_drafter(drafter)
 
 
@@ -162,7 +160,7 @@ def law(pair) -> dict[tuple[int, ...], float]:  # noqa: ANN001
 
 @pytest.mark.parametrize("rule", RULES)
 def test_first_tokens_follow_the_target_law(rule: str, pair, law, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    target, drafter = pair
+    target, drafter = pair[0], copy.deepcopy(pair[1])  # the spy goes on a copy: the module's drafter stays
     drafting, replaced, replacement = RULES[rule]
     raw_q_spy(drafter, monkeypatch)
     if replaced:

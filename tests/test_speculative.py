@@ -8,6 +8,7 @@ A cache-free reference loop written from the design (mtp/README.md §7) must rep
 tokens and every round's drafts and acceptance counts exactly.
 """
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,8 @@ def test_cache_length_and_statistics_match_a_recount(models, monkeypatch: pytest
     """Every statistic against a recount made without the loop's bookkeeping: the drafts as the drafter
     returned them, checked against the tokens of a plain greedy run; the forwards as the target saw them."""
     for shape in SHAPES:
-        target, draft_model = models[shape, "echo"]
+        # The spies go on copies: `models` is the session's, read by other tests.
+        target, draft_model = copy.deepcopy(models[shape, "echo"])
         p = prompt("long")
         full = p + plain(target, "long", 37)  # prompt + the committed tokens, known beforehand
         seen: list[tuple[int, int, int]] = []  # (start_pos, cache length, committed tokens) at every verify forward

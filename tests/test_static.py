@@ -14,6 +14,8 @@ captures the decode, verify and draft steps whole.
 - `--compile` in generate.py takes one prompt (its measured runs: scripts/benchmark.md).
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -25,7 +27,7 @@ from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepa
 from gemma4.weights import file_reader
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate
 from mtp.speculative import target_kv
-from tests.checkpoints import SHAPES, STOP_IDS, write_assistant, write_target
+from tests.checkpoints import SHAPES, STOP_IDS
 from tests.pairs import prompt
 from tests.tokenizer_fixture import write_tokenizer
 
@@ -34,13 +36,17 @@ SAMPLER = SamplerConfig(temperature=0.9, top_k=40, seed=5)
 
 
 def static(target, drafter, n: int = N, compiled_rows: tuple[int, ...] = (),  # noqa: ANN001, ANN201
-           compile: bool = False):
+           compile: bool = False, context: int | None = None):
+    """The static wrappers of a copy of the pair, and a cache. A copy: compiling rewrites the model
+    (`prepare_to_compile`: plain products, gathered experts), and the pair is the session's `models`, which every
+    other test reads as the loaders made it."""
+    target, drafter = copy.deepcopy((target, drafter))
     cache = StaticKVCache(target.config, len(prompt("long")) + n)
     if compiled_rows:
         prepare_to_compile(target, target.embed_tokens.weight, max(compiled_rows))
     if compile:
         prepare_to_compile(drafter, drafter.model.embed_tokens.weight)
-    return StaticTarget(target, compiled_rows), StaticDrafter(drafter, compile), cache
+    return StaticTarget(target, compiled_rows, context=context), StaticDrafter(drafter, compile), cache
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -88,7 +94,7 @@ def test_a_static_target_stops_at_its_context(models) -> None:  # noqa: ANN001
     a Conversation refuses a turn past it; the tokens are the unbounded run's, cut."""
     target, drafter = models["e2b", "echo"]
     ids, context = prompt("long"), len(prompt("long")) + 6
-    st, sd = StaticTarget(target, context=context), StaticDrafter(drafter)
+    st, sd, _ = static(target, drafter, context=context)
     assert st.config.max_position_embeddings == context and target.config.max_position_embeddings > context
     cache = StaticKVCache(target.config, context)
     assert sample_generate(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)[:6]
@@ -129,9 +135,8 @@ def step_arguments(st: StaticTarget, cache: StaticKVCache, t: int) -> tuple:
 
 @pytest.mark.parametrize("kernel", ["onednn", "packed"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_steps_have_no_graph_break(tmp_path, shape: str, kernel: str) -> None:  # noqa: ANN001
-    target_dir = write_target(tmp_path / "target", shape, multimodal=False)
-    assistant_dir = write_assistant(tmp_path / "assistant", target_dir, ordered_embeddings=shape == "e2b")
+def test_steps_have_no_graph_break(make_pair, shape: str, kernel: str) -> None:  # noqa: ANN001
+    target_dir, assistant_dir = make_pair(shape, ordered_embeddings=shape == "e2b", multimodal=False)
     target, drafter = load_target(target_dir, fast=False), load_drafter(assistant_dir, fast=False)
     kernels = (kernel, kernel)  # oneDNN on the plain weight, or on its packed copy, for every row count
     make_fast(target, file_reader(target_dir, "model."), ("head", "embed_tokens.weight"), kernels=kernels)
