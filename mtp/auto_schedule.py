@@ -31,6 +31,10 @@ a 1-row one, ~1.5% over plain decoding at CPU costs (a draft step a sixth of a p
 drafter is never right. A probe whose extra draft is kept is followed by another the next round, so an easy
 stretch is found in about probe_every + 4 rounds (tests/test_schedule.py). No probes when `acceptance` is fixed:
 they would learn nothing.
+
+Work per round: `observe` updates at most k + 1 estimates and refits the verify line (one pass over the n timed,
+at most max_k + 1); `next` runs one loop over K, reading each verify cost off the line and its bounds; no
+container is built. `estimates()` builds its table only when asked, for the statistics at the end of a run.
 """
 
 import math
@@ -73,6 +77,7 @@ class Auto:
         self.tested = [0] * max_k  # observations behind alpha[j-1]
         self.draft_s: float | None = draft_cost
         self.verify_s: dict[int, float] = {}  # n -> EWMA of measured seconds (costs fixed: unused)
+        self.line = (0.0, 0.0, 0.0)  # the least-squares line through verify_s: mean n, mean seconds, slope
         self.rounds = 0  # rounds observed
         self.since_probe = 0  # rounds since the last probe
         self.probing = False  # the K handed out by next() is a probe
@@ -114,6 +119,7 @@ class Auto:
             self.draft_s = ewma(self.draft_s, draft_seconds / k)
         if self.costs is None:
             self.verify_s[k + 1] = ewma(self.verify_s.get(k + 1), verify_seconds)
+            self.line = fit(self.verify_s)  # once a round, not once per n read off it
         if self.probing and accepted == k:
             self.since_probe = self.probe_every - 1  # the text may have turned easy: probe again next round
 
@@ -151,7 +157,7 @@ class Auto:
             return seen[n]
         if not seen:  # no timing: one plain step, or the plain step the fixed draft cost implies
             return self.draft_cost / DRAFT_PRIOR if self.draft_cost else 1.0
-        mean_n, mean_v, slope = fit(seen)
+        mean_n, mean_v, slope = self.line
         line = mean_v + slope * (n - mean_n)
         lo, hi = 0.0, math.inf  # more rows never cost less, nor more per row
         for m, v in seen.items():
