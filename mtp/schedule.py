@@ -1,215 +1,102 @@
 """Draft-length schedules (mtp/README.md §8): how many tokens to draft in the next round.
 
-The loop asks `k = draft_length.next(room)` before a round and reports it with
-`draft_length.observe(k, accepted=a, draft_seconds=..., verify_seconds=...)` after it.
-- `constant`: K never changes. `heuristic`: K + 2 after a round whose drafts were all accepted, else
-  max(1, K - 1), carried from one generate call to the next; `heuristic_transient` restarts from
-  `initial` every call. These never return 0 unless the room is 0.
-- `auto`: the K in 0..max_k that commits the most tokens per second, by the closed form of README.md
-  ("closed form"): with α_j the chance draft j is kept given drafts 1..j-1 were, a round of K drafts
-  commits E(K) = 1 + Σ_{j≤K} Π_{i≤j} α_i tokens in time(K) = K·c_draft + c_verify(K+1), and K = 0 is a
-  plain decode step (E = 1, time = c_verify(1)). So `auto` is never slower than plain decoding by its
-  own estimates, which it learns online from `observe` (α_j, c_draft, c_verify(n)) and keeps across
-  calls. Any of them can be fixed instead (`acceptance`, `draft_cost`, `costs`): a fixed quantity is
-  never updated from observations.
-
-Estimates (`auto`):
-- α_j: an exponentially weighted mean with weight WEIGHT = 0.1 per observation, so the last ~10
-  observations carry 65% of it (text changes from prose to code within tens of tokens), with a
-  standard error of about 0.11 at α = 0.5. Draft j of a round is tested iff drafts 1..j-1 were kept
-  (j ≤ min(a + 1, k)); only tested drafts update α_j. Prior: ALPHA_PRIOR = 0.5, neither side favoured,
-  counted as one observation: until 1/WEIGHT observations the estimate is the plain mean of the prior and
-  them, so a new drafter's first rounds move it at once. A position never tested is taken to be as likely
-  as the one before it (acceptance falls with depth: the hopeful guess, so deeper drafts get tried).
-- c_draft = draft_seconds / k and c_verify(n) for n = k + 1 rows: the same weight, the first
-  measurement replacing the prior. An unseen n is read off the least-squares line through the seen
-  ones (slope ≥ 0), kept between the bounds that hold for real kernels: more rows never cost less,
-  and never more per row. With one n seen the line is flat (prior slope 0); with none, a verify costs
-  one plain step whatever n. A draft step is DRAFT_PRIOR = 0.1 plain steps until one is timed. Both
-  priors are optimistic (on an accelerator a few rows cost what one does), so K > 0 gets tried and
-  measured rather than ruled out by a guess.
-- Round one, before any observation and with `acceptance` not fixed, drafts `initial` (the user's
-  or release's guess of K); from then on the estimates decide.
-
-Probing (`auto`): the estimates only test drafts the controller makes, so a stale low α_{K+1} would
-keep K where it is for good (at K = 0 nothing tests α_1: no recovery when the text turns easy). One
-round in every `probe_every` (PROBE_EVERY = 16) drafts one more than the estimates say: at K = 0 one
-draft step plus a 2-row verify instead of a 1-row one, ~1.5% over plain decoding at CPU costs (a draft
-step a sixth of a plain step, README.md) if the drafter is never right. A probe whose extra draft is
-kept is followed by another the next round, so an easy stretch is found in about probe_every + 4
-rounds (tests/test_schedule.py). No probes when `acceptance` is fixed: they would learn nothing.
+One small class per schedule, each behind the loop's `Schedule` protocol (mtp/speculative.py): the loop calls
+`start_call()` at the start of a generate call, asks `k = s.next(room)` before a round and reports it with
+`s.observe(k, accepted=a, draft_seconds=..., verify_seconds=...)` after it. `DraftLength(initial, schedule)` makes
+the one named (transformers' `num_assistant_tokens` and `num_assistant_tokens_schedule`).
+- `Constant`: K never changes. `Heuristic`: K + 2 after a round whose drafts were all accepted, else
+  max(1, K - 1), carried from one generate call to the next; `HeuristicTransient` restarts from `initial` every
+  call. These never return 0 unless the room is 0.
+- `Auto` (mtp/auto_schedule.py): the K in 0..max_k that commits the most tokens per second by its estimates of
+  acceptance and costs, learned online and kept across calls; K = 0 (plain decoding) is among the choices.
 """
 
-import math
 from collections.abc import Callable, Sequence
+
+from mtp.auto_schedule import MAX_K, PROBE_EVERY, Auto, check_initial, check_room, check_round
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient", "auto")
 
-WEIGHT = 0.1  # EWMA weight of one observation (α_j and costs)
-ALPHA_PRIOR = 0.5  # α_j before any test of draft j
-DRAFT_PRIOR = 0.1  # a draft step, in plain steps, before one is timed
-PROBE_EVERY = 16  # one round in this many drafts one more than the estimates say
-MAX_K = 8
 
+class Constant:
+    """K = `initial` every round, within the room. `current` and `update` are the former API's: K and the rule
+    after a drafting round (here, none)."""
 
-class DraftLength:
-    """How many tokens to draft next. Keep one per drafter: `heuristic` and `auto` carry what they
-    learned from one generate call to the next. `max_k`, `costs` (seconds of a verify of n rows),
-    `draft_cost` (seconds of one draft step), `acceptance` (α_1..α_max_k) and `probe_every` are
-    `auto`'s only."""
+    schedule = "constant"
 
-    def __init__(self, initial: int, schedule: str = "constant", max_k: int = MAX_K,
-                 costs: Callable[[int], float] | None = None, draft_cost: float | None = None,
-                 acceptance: Sequence[float] | None = None, probe_every: int = PROBE_EVERY) -> None:
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        if initial < 1:
-            raise ValueError(f"the number of assistant tokens must be at least 1, got {initial}")
-        if max_k < 1:
-            raise ValueError(f"max_k (the most drafts per round) must be at least 1, got {max_k}")
-        if probe_every < 1:
-            raise ValueError(f"probe_every must be at least 1, got {probe_every}")
-        fixed = {"costs": costs, "draft_cost": draft_cost, "acceptance": acceptance}
-        if schedule != "auto":
-            given = [name for name, value in fixed.items() if value is not None]
-            given += ["max_k"] * (max_k != MAX_K) + ["probe_every"] * (probe_every != PROBE_EVERY)
-            if given:
-                raise ValueError(f"{', '.join(given)} only apply to the auto schedule, not {schedule!r}")
-        elif initial > max_k:
-            raise ValueError(f"auto drafts at most max_k={max_k} tokens a round; initial={initial} is above it "
-                             f"(pass max_k={initial} or more)")
-        if acceptance is not None:
-            if len(acceptance) != max_k or not all(0.0 <= x <= 1.0 for x in acceptance):
-                raise ValueError(f"acceptance must hold max_k={max_k} probabilities in [0, 1], got {list(acceptance)}")
-        if draft_cost is not None and draft_cost < 0:
-            raise ValueError(f"draft_cost must be at least 0 seconds, got {draft_cost}")
-        self.initial, self.schedule, self.current = initial, schedule, initial
-        self.max_k, self.probe_every = max_k, probe_every
-        self.costs, self.draft_cost = costs, draft_cost
-        self.acceptance = list(acceptance) if acceptance is not None else None
-        # auto's estimates: α_j at alpha[j-1], seconds per draft step, seconds per verify of n rows
-        self.alpha = list(self.acceptance) if self.acceptance is not None else [ALPHA_PRIOR] * max_k
-        self.tested = [0] * max_k  # observations behind alpha[j-1]
-        self.draft_s: float | None = draft_cost
-        self.verify_s: dict[int, float] = {}  # n -> EWMA of measured seconds (costs fixed: unused)
-        self.rounds = 0  # rounds observed
-        self.since_probe = 0  # rounds since the last probe
-        self.probing = False  # the K handed out by next() is a probe
+    def __init__(self, initial: int) -> None:
+        check_initial(initial)
+        self.initial = self.current = initial
 
-    # ------------------------------------------------------------------ the loop's two calls
     def start_call(self) -> None:
-        if self.schedule == "heuristic_transient":
-            self.current = self.initial
+        pass  # nothing to restart
 
     def next(self, room: int) -> int:
-        """K for this round, 0..room, where room is how many drafts the budget allows."""
-        if room < 0:
-            raise ValueError(f"room must be at least 0, got {room}")
-        if self.schedule != "auto":
-            return min(self.current, room)
-        self.probing = False
-        top = min(self.max_k, room)
-        if self.rounds == 0 and self.acceptance is None:
-            k = min(self.initial, room)
-        else:
-            k = self.best(top)
-        if room > 0 and self.acceptance is None:
-            self.since_probe += 1
-            if k == self.max_k:
-                self.since_probe = 0  # nothing deeper to test
-            elif self.since_probe >= self.probe_every and k < top:
-                k, self.since_probe, self.probing = k + 1, 0, True
-        self.current = k
-        return k
+        check_room(room)
+        return min(self.current, room)
 
     def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """One round: k drafts (draft_seconds), a verify of k + 1 rows (verify_seconds), `accepted` kept."""
-        if not 0 <= accepted <= k:
-            raise ValueError(f"accepted must be in 0..k={k}, got {accepted}")
-        if draft_seconds < 0 or verify_seconds < 0:
-            raise ValueError(f"times must be at least 0 seconds, got {draft_seconds}, {verify_seconds}")
-        if self.schedule != "auto":
-            if k > 0:
-                self.update(accepted, k)
-            return
-        if k > self.max_k:
-            raise ValueError(f"k={k} is above max_k={self.max_k}")
-        self.rounds += 1
-        if self.acceptance is None:
-            for j in range(min(accepted + 1, k)):  # drafts 1..a kept, draft a+1 (if any) rejected
-                self.tested[j] += 1
-                # The mean of the prior and the first observations, then the running mean: a new estimate
-                # moves at once, a settled one by WEIGHT.
-                weight = max(WEIGHT, 1.0 / (self.tested[j] + 1))
-                self.alpha[j] += weight * (float(j < accepted) - self.alpha[j])
-        if self.draft_cost is None and k > 0:
-            self.draft_s = ewma(self.draft_s, draft_seconds / k)
-        if self.costs is None:
-            self.verify_s[k + 1] = ewma(self.verify_s.get(k + 1), verify_seconds)
-        if self.probing and accepted == k:
-            self.since_probe = self.probe_every - 1  # the text may have turned easy: probe again next round
+        check_round(k, accepted, draft_seconds, verify_seconds)
 
     def update(self, accepted: int, drafted: int) -> None:
-        """The heuristic rule after a round that drafted `drafted` tokens (constant: nothing)."""
-        if self.schedule == "auto":
-            raise ValueError("the auto schedule learns from observe(k, accepted, draft_seconds, verify_seconds)")
-        if self.schedule != "constant":
-            self.current = self.current + 2 if accepted == drafted else max(1, self.current - 1)
-
-    # ------------------------------------------------------------------ auto's model
-    def best(self, top: int) -> int:
-        """argmax over K in 0..top of E(K) / time(K); ties go to the smaller K (fewer wasted drafts)."""
-        draft = self.draft_step()
-        best_k, best_rate = 0, 1.0 / max(self.verify(1), 1e-12)  # a zero-time verify would divide by 0
-        expected, kept, alpha = 1.0, 1.0, ALPHA_PRIOR  # E(K), Π_{i≤K} α_i, α_K
-        for k in range(1, top + 1):
-            # A position never tested is taken as likely as the one before it: acceptance falls with depth,
-            # so this is the hopeful guess, and it gets deeper drafts tried; a wrong one costs a round.
-            alpha = self.alpha[k - 1] if self.tested[k - 1] or self.acceptance is not None or k == 1 else alpha
-            kept *= alpha
-            expected += kept
-            rate = expected / max(k * draft + self.verify(k + 1), 1e-12)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
-
-    def draft_step(self) -> float:
-        """Seconds of one draft step: fixed, measured, or DRAFT_PRIOR plain steps."""
-        return self.draft_s if self.draft_s is not None else DRAFT_PRIOR * self.verify(1)
-
-    def verify(self, n: int) -> float:
-        """Seconds of a verify of n rows (n = 1: a plain decode step)."""
-        if self.costs is not None:
-            return self.costs(n)
-        seen = self.verify_s
-        if n in seen:
-            return seen[n]
-        if not seen:  # no timing: one plain step, or the plain step the fixed draft cost implies
-            return self.draft_cost / DRAFT_PRIOR if self.draft_cost else 1.0
-        ns, vs = list(seen), list(seen.values())
-        mean_n, mean_v = sum(ns) / len(ns), sum(vs) / len(vs)
-        spread = sum((m - mean_n) ** 2 for m in ns)
-        slope = max(0.0, sum((m - mean_n) * (v - mean_v) for m, v in seen.items()) / spread) if spread else 0.0
-        line = mean_v + slope * (n - mean_n)
-        lo, hi = 0.0, math.inf  # more rows never cost less, nor more per row
-        for m, v in seen.items():
-            if m < n:
-                lo, hi = max(lo, v), min(hi, v * n / m)
-            else:
-                lo, hi = max(lo, v * n / m), min(hi, v)
-        return min(max(line, lo), max(lo, hi))
-
-    def estimates(self) -> dict:
-        """What `auto` decides on, for statistics: "alpha" (α_1..α_max_k), "tested" (observations per
-        α_j), "draft_s", "verify_s" (n -> seconds for n = 1..max_k+1, measured or read off the line),
-        "measured" (the n timed), "plain_s". Before any timing the unit is one plain step."""
-        return {
-            "alpha": list(self.alpha), "tested": list(self.tested), "draft_s": self.draft_step(),
-            "verify_s": {n: self.verify(n) for n in range(1, self.max_k + 2)},
-            "measured": sorted(self.verify_s), "plain_s": self.verify(1),
-        }
+        pass  # constant: no rule
 
 
-def ewma(old: float | None, x: float) -> float:
-    """The running mean with weight WEIGHT; the first measurement replaces the prior outright."""
-    return x if old is None else old + WEIGHT * (x - old)
+class Heuristic:
+    """transformers' heuristic: K + 2 after a drafting round whose drafts were all kept, else max(1, K - 1).
+    K carries from one generate call to the next."""
+
+    schedule = "heuristic"
+
+    def __init__(self, initial: int) -> None:
+        check_initial(initial)
+        self.initial = self.current = initial
+
+    def start_call(self) -> None:
+        pass  # K carries over
+
+    def next(self, room: int) -> int:
+        check_room(room)
+        return min(self.current, room)
+
+    def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        check_round(k, accepted, draft_seconds, verify_seconds)
+        if k > 0:  # a K = 0 round (no room) says nothing about the drafter
+            self.update(accepted, k)
+
+    def update(self, accepted: int, drafted: int) -> None:
+        self.current = self.current + 2 if accepted == drafted else max(1, self.current - 1)
+
+
+class HeuristicTransient(Heuristic):
+    """The heuristic rule, restarted from `initial` at every generate call."""
+
+    schedule = "heuristic_transient"
+
+    def start_call(self) -> None:
+        self.current = self.initial
+
+
+DraftSchedule = Constant | Heuristic | HeuristicTransient | Auto  # what DraftLength makes, for annotations
+
+
+def DraftLength(  # noqa: N802 (the public name of what makes a schedule, as when it was one class)
+    initial: int, schedule: str = "constant", max_k: int = MAX_K, costs: Callable[[int], float] | None = None,
+    draft_cost: float | None = None, acceptance: Sequence[float] | None = None, probe_every: int = PROBE_EVERY,
+) -> DraftSchedule:
+    """The schedule named `schedule`, from `initial` drafts a round. Keep one per drafter: `heuristic` and `auto`
+    carry what they learned from one generate call to the next. `max_k`, `costs` (seconds of a verify of n rows),
+    `draft_cost` (seconds of one draft step), `acceptance` (α_1..α_max_k) and `probe_every` are `auto`'s only."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule == "auto":
+        return Auto(initial, max_k, costs, draft_cost, acceptance, probe_every)
+    check_initial(initial)
+    given = [name for name, value in (("costs", costs), ("draft_cost", draft_cost), ("acceptance", acceptance))
+             if value is not None]
+    given += ["max_k"] * (max_k != MAX_K) + ["probe_every"] * (probe_every != PROBE_EVERY)
+    if given:
+        raise ValueError(f"{', '.join(given)} only apply to the auto schedule, not {schedule!r}")
+    if schedule == "constant":
+        return Constant(initial)
+    return Heuristic(initial) if schedule == "heuristic" else HeuristicTransient(initial)

@@ -15,7 +15,8 @@
 
 import pytest
 
-from mtp.schedule import ALPHA_PRIOR, PROBE_EVERY, SCHEDULES, WEIGHT, DraftLength
+from mtp.auto_schedule import ALPHA_PRIOR, PROBE_EVERY, WEIGHT
+from mtp.schedule import SCHEDULES, DraftLength
 
 
 def draft_s(k: int) -> float:

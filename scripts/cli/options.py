@@ -41,7 +41,7 @@ from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
-from mtp.schedule import MAX_K
+from mtp.schedule import MAX_K, DraftSchedule
 from mtp.speculative import DRAFTING
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
@@ -281,7 +281,7 @@ class Target:
 class Assistant:
     name: str
     drafter: Drafter
-    draft_length: DraftLength
+    draft_length: DraftSchedule
     drafting: str
 
 

@@ -1,11 +1,12 @@
 """The statistics of a run, as scripts/generate.py and scripts/chat.py print them: the `stats` object
 of `--json` and the block of text on stderr (and chat's `/stats`)."""
 
-from mtp import DraftLength, SpecStats
+from mtp import SpecStats
+from mtp.schedule import DraftSchedule
 
 
 def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
-               draft_length: DraftLength | None = None) -> dict:
+               draft_length: DraftSchedule | None = None) -> dict:
     """The `stats` object; plain decoding runs one target forward per token and drafts nothing. With the
     schedule, what it learned (`auto`: its estimates of acceptance and costs)."""
     forwards = stats.target_forwards if stats else len(tokens)
