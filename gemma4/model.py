@@ -205,7 +205,9 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(e, eps)
         self.post_feedforward_layernorm = RMSNorm(e, eps)
         self.layer_scalar = nn.Parameter(torch.empty(1))
-        self.kind, self.shared, self.moe = config.layer_types[layer], config.is_shared(layer), config.enable_moe
+        self.kind = config.layer_types[layer]  # which inputs (RoPE, mask) and which KV source it takes
+        self.shared = config.is_shared(layer)  # reads its source layer's K/V (§3)
+        self.moe = config.enable_moe
         if config.ple_dim:
             self.per_layer_input_gate = linear(e, config.ple_dim)
             self.per_layer_projection = linear(config.ple_dim, e)
