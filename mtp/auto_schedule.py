@@ -21,15 +21,30 @@ Estimates:
   seen the line is flat (prior slope 0); with none, a verify costs one plain step whatever n. A draft step is
   DRAFT_PRIOR = 0.1 plain steps until one is timed. Both priors are optimistic (on an accelerator a few rows
   cost what one does), so K > 0 gets tried and measured rather than ruled out by a guess.
-- Round one, before any observation and with `acceptance` not fixed, drafts `initial` (the user's or release's
-  guess of K); from then on the estimates decide.
+
+Opening (acceptance not fixed): round one drafts one token, not `initial`, and so does every round until a draft
+is kept (or none, once the estimates say K = 1 does not pay). One draft tests α_1, the only position a drafter
+that is never right is ever tested at (deeper drafts are tested only behind kept ones), for
+Δ = c_draft + c_verify(2) - c_verify(1) over a plain step, where a first round of `initial` = 4 drafts costs
+4·c_draft + c_verify(5) - c_verify(1) (1.6 plain steps against 0.4 at the costs below). The round after the first
+kept draft drafts `initial`, the user's or release's num_assistant_tokens: its guess of K once the drafter has
+shown it can be right; from then on the estimates decide.
+
+A drafter that is never right, in plain steps (c_verify(1) = 1), with r = Δ as the estimates give it: after n
+rejections α_1 = 0.5/(n + 1) (n ≤ 9; then × 0.9 a rejection), and K = 1 pays iff α_1 > r. So the opening ends,
+and K = 0 begins, after the first n ≥ 1 rounds with 0.5/(n + 1) ≤ r: 1 round when r ≥ 1/4, ⌈1/(2r)⌉ - 1 when
+0.05 < r < 1/4. They cost n·Δ ≤ max(Δ, 1/2) over plain decoding. From then on only probes draft (below), Δ each,
+one round in probe_every: over N rounds the overhead is n·Δ + ⌊(N - n)/probe_every⌋·Δ ≤ (n + N/probe_every)·Δ.
+With draft_cost 0.3 and costs(n) = 1 + 0.1(n - 1) fixed, Δ = 0.4: K = 0 from round 2, 0.4 once and 0.025 a
+round after (tests/test_schedule.py). With costs learned, r is c_draft/c_verify(2) until a plain step is timed
+(the line is flat through one n), so the opening may run longer than the true Δ says, each round still costing Δ.
 
 Probing: the estimates only test drafts the controller makes, so a stale low α_{K+1} would keep K where it is
 for good (at K = 0 nothing tests α_1: no recovery when the text turns easy). One round in every `probe_every`
-(PROBE_EVERY = 16) drafts one more than the estimates say: at K = 0 one draft step plus a 2-row verify instead of
-a 1-row one, ~1.5% over plain decoding at CPU costs (a draft step a sixth of a plain step, README.md) if the
-drafter is never right. A probe whose extra draft is kept is followed by another the next round, so an easy
-stretch is found in about probe_every + 4 rounds (tests/test_schedule.py). No probes when `acceptance` is fixed:
+(PROBE_EVERY = 16) drafts one more than the estimates say (until a draft is kept, at most one): at K = 0 one draft
+step plus a 2-row verify instead of a 1-row one, Δ/probe_every a round (2.5% of a plain step at the costs above).
+A probe whose extra draft is kept is followed by another the next round (after the `initial` round, for the first
+kept draft), so an easy stretch is found in about probe_every + 4 rounds. No probes when `acceptance` is fixed:
 they would learn nothing.
 
 Work per round: `observe` updates at most k + 1 estimates and refits the verify line (one pass over the n timed,
@@ -78,7 +93,8 @@ class Auto:
         self.draft_s: float | None = draft_cost
         self.verify_s: dict[int, float] = {}  # n -> EWMA of measured seconds (costs fixed: unused)
         self.line = (0.0, 0.0, 0.0)  # the least-squares line through verify_s: mean n, mean seconds, slope
-        self.rounds = 0  # rounds observed
+        self.kept_any = False  # a draft has been kept: the opening is over
+        self.initial_due = False  # the next round with room drafts `initial` (the first kept draft was just seen)
         self.since_probe = 0  # rounds since the last probe
         self.probing = False  # the K handed out by next() is a probe
 
@@ -92,11 +108,15 @@ class Auto:
         self.probing = False
         if self.acceptance is not None:  # nothing to learn: the closed form alone, no opening, no probes
             return self.best(min(self.max_k, room))
-        top = min(self.max_k, room)
-        k = min(self.initial, room) if self.rounds == 0 else self.best(top)  # round one: the user's guess
+        if self.initial_due and room > 0:  # the round after the first kept draft: the user's guess, no probe
+            self.initial_due = False
+            return min(self.initial, room)
+        deepest = self.max_k if self.kept_any else 1  # until a draft is kept, deeper ones would go untested
+        top = min(deepest, room)
+        k = top if self.tested[0] == 0 else self.best(top)  # round one tests α_1 whatever the priors say
         if room > 0:
             self.since_probe += 1
-            if k == self.max_k:
+            if k == deepest:
                 self.since_probe = 0  # nothing deeper to test
             elif self.since_probe >= self.probe_every and k < top:
                 k, self.since_probe, self.probing = k + 1, 0, True
@@ -107,7 +127,6 @@ class Auto:
         check_round(k, accepted, draft_seconds, verify_seconds)
         if k > self.max_k:
             raise ValueError(f"k={k} is above max_k={self.max_k}")
-        self.rounds += 1
         if self.acceptance is None:
             for j in range(min(accepted + 1, k)):  # drafts 1..a kept, draft a+1 (if any) rejected
                 self.tested[j] += 1
@@ -115,6 +134,8 @@ class Auto:
                 # moves at once, a settled one by WEIGHT.
                 weight = max(WEIGHT, 1.0 / (self.tested[j] + 1))
                 self.alpha[j] += weight * (float(j < accepted) - self.alpha[j])
+            if accepted and not self.kept_any:
+                self.kept_any = self.initial_due = True
         if self.draft_cost is None and k > 0:
             self.draft_s = ewma(self.draft_s, draft_seconds / k)
         if self.costs is None:

@@ -1,17 +1,21 @@
-"""Draft-length schedules (mtp/schedule.py), the controller alone: no models, no clocks.
+"""Draft-length schedules (mtp/schedule.py, mtp/auto_schedule.py), the controller alone: no models, no clocks.
 
 - With fixed costs and acceptance, `auto` picks the K the closed form says (E(K)/time(K) by brute force
   here): α = 1 with cheap drafts -> max_k (or the room), α = 0 -> 0, a verify as dear as 3 decode
   steps -> the computed optimum; ties go to the smaller K.
-- A drafter that is never right, with CPU-like observed times, drives `auto` to K = 0 within 4
-  rounds and keeps it there but for one probe in every probe_every rounds; when the probes are
-  kept again, the estimates choose K > 0 within probe_every + 4 rounds, even after 200 rounds at
-  K = 0, and K climbs to max_k. A probe drafts one more than the estimates say, when the room allows,
-  again the next round if its extra draft was kept, never at max_k nor with acceptance fixed.
+- A drafter that is never right, with CPU-like observed times, drives `auto` to K = 0 from round 2
+  and keeps it there but for one probe in every probe_every rounds; with injected costs, K = 0 comes
+  after the rounds auto_schedule.py states, never K > 1, and the overhead over N plain steps is n·Δ
+  plus Δ a probe. When the probes are kept again, the estimates choose K > 0 within probe_every + 4
+  rounds, even after 200 rounds at K = 0, and K climbs to max_k. A probe drafts one more than the
+  estimates say, when the room allows, again the next round if its extra draft was kept, never at
+  max_k nor with acceptance fixed. The first kept draft is followed by a round of `initial`.
 - Only tested drafts update α_j; fixed quantities are never updated; the estimates carry across calls.
 - `constant`, `heuristic` and `heuristic_transient` give the same K sequences through next/observe as
   through the former current/update; bad arguments raise ValueError.
 """
+
+import math
 
 import pytest
 
@@ -102,17 +106,66 @@ def run(d: DraftLength, rounds: int, keep: bool, room: int = 100) -> list[int]:
 def test_a_drafter_never_right_reaches_plain_decoding() -> None:
     d = DraftLength(4, "auto")
     ks = run(d, 3 * PROBE_EVERY, keep=False)
-    # Round one drafts `initial`; α_1, the mean of the prior and the observations, falls 0.5 -> 0.25 -> 0.167.
-    # With only 5 rows timed the verify line is flat (1.4): K = 1 pays iff (1 + α_1)/1.7 > 1/1.4, i.e.
-    # α_1 > 0.21; with 2 rows timed too, draft 0.3 and verify 1 + 0.1(n-1), iff α_1 > 0.4.
-    assert ks[:4] == [4, 1, 0, 0]
-    # From then on only the probes draft: rounds 16, 32, 48 (one in every PROBE_EVERY), K = 1 each.
-    assert [(i, k) for i, k in enumerate(ks) if i >= 3 and k] == [(PROBE_EVERY * m - 1, 1) for m in (1, 2, 3)]
+    # Round one drafts one token, not `initial`; α_1, the mean of the prior and the observation, falls 0.5 -> 0.25.
+    # With only 2 rows timed the verify line is flat (1.1): K = 1 pays iff (1 + α_1)/1.4 > 1/1.1, i.e.
+    # α_1 > 0.27. So K = 0 from round 2.
+    assert ks[:4] == [1, 0, 0, 0]
+    # From then on only the probes draft: rounds 17 and 33 (one in every PROBE_EVERY after round 1), K = 1 each.
+    assert [(i, k) for i, k in enumerate(ks) if i >= 1 and k] == [(PROBE_EVERY * m, 1) for m in (1, 2)]
     e = d.estimates()
     assert e["draft_s"] == pytest.approx(0.3) and e["plain_s"] == pytest.approx(1.0)
     assert e["verify_s"][2] == pytest.approx(1.1) and e["verify_s"][9] == pytest.approx(1.8)  # 9 rows: the line
-    assert e["measured"] == [1, 2, 5]
+    assert e["measured"] == [1, 2]
     assert e["alpha"][1:] == [ALPHA_PRIOR] * 7 and e["tested"][1:] == [0] * 7  # a = 0 tests draft 1 only
+
+
+def rounds_to_plain(r: float) -> int:
+    """mtp/auto_schedule.py: the opening ends after the first n ≥ 1 rounds with 0.5/(n + 1) ≤ r."""
+    return 1 if r >= 0.25 else math.ceil(1 / (2 * r)) - 1
+
+
+# (draft step, verify slope per row, plain step, probe_every): r = (draft + slope)/1 in plain steps
+ROADS = [(0.3, 0.1, 1.0, PROBE_EVERY), (0.15, 0.05, 1.0, PROBE_EVERY), (0.08, 0.02, 2.0, PROBE_EVERY),
+         (0.05, 0.02, 0.5, 4), (0.01, 0.01, 1.0, PROBE_EVERY)]
+
+
+@pytest.mark.parametrize("draft, slope, plain, probe_every", ROADS)
+def test_the_road_to_plain_decoding_and_its_overhead(draft: float, slope: float, plain: float,
+                                                     probe_every: int) -> None:
+    """Injected costs, a drafter never right: K = 0 after the rounds the docstring states, never K > 1, and the
+    overhead over N plain steps is n·Δ plus one Δ a probe, Δ = c_draft + c_verify(2) - c_verify(1)."""
+    costs = lambda n: plain * (1 + slope * (n - 1))  # noqa: E731
+    d = DraftLength(4, "auto", costs=costs, draft_cost=plain * draft, probe_every=probe_every)
+    N, ks = 400, []
+    for _ in range(N):
+        k = d.next(100)
+        d.observe(k, accepted=0, draft_seconds=plain * draft * k, verify_seconds=costs(k + 1))
+        ks.append(k)
+    delta = plain * draft + costs(2) - costs(1)
+    r = delta / costs(1)
+    n = ks.index(0)
+    if r > 0.05:
+        assert n == rounds_to_plain(r)
+    assert ks[:n] == [1] * n and max(ks) == 1  # until a draft is kept, at most one a round, probes included
+    assert n * delta <= max(delta, costs(1) / 2)  # the opening: at most half a plain step, or one K = 1 round
+    probes = [i for i in range(n, N) if ks[i]]
+    assert probes == [n - 1 + probe_every * m for m in range(1, (N - n) // probe_every + 1)]  # after round n
+    overhead = sum(k * plain * draft + costs(k + 1) for k in ks) - N * costs(1)  # a round commits 1 token
+    assert overhead == pytest.approx((n + len(probes)) * delta)
+    assert overhead <= (n + N / probe_every) * delta + 1e-9
+
+
+def test_the_first_kept_draft_is_followed_by_initial() -> None:
+    d = DraftLength(4, "auto")
+    assert run(d, 2, keep=True) == [1, 4]  # one draft, kept: then `initial`, whatever the estimates say
+    d = DraftLength(4, "auto")
+    run(d, 20, keep=False)  # K = 0 and a probe at round 17
+    assert d.next(0) == 0  # no room: `initial` waits for a round that has some
+    assert run(d, 12, keep=False) == [0] * 12
+    k = d.next(100)  # the probe of round 33 ...
+    d.observe(k, accepted=1, draft_seconds=draft_s(1), verify_seconds=verify_s(2))  # ... kept
+    assert (k, d.next(3)) == (1, 3)  # `initial`, within the room
+    assert d.next(100) == 1 and d.probing  # then the probe the kept one asked for (the estimates still say 0)
 
 
 @pytest.mark.parametrize("idle", [0, 200])
@@ -120,10 +173,11 @@ def test_the_estimates_recover_when_drafts_are_kept_again(idle: int) -> None:
     d = DraftLength(4, "auto")
     run(d, 4 + idle, keep=False)
     assert d.best(8) == 0
-    # Now every draft is kept. The first probe comes within PROBE_EVERY rounds and a kept probe is
-    # followed by another, so α_1 is tested every round from then on. After 200 rounds at K = 0
-    # (12 rejected probes) α_1 = 0.3645·0.9^12 = 0.103, and four kept probes lift it above 0.4:
-    # 1 - 0.9^4·(1 - 0.103) = 0.41. So the estimates choose K > 0 within PROBE_EVERY + 4 rounds.
+    # Now every draft is kept. The first probe comes within PROBE_EVERY rounds; the first kept draft is followed
+    # by a round of `initial` drafts and a kept probe by another, so α_1 is tested every round from then on.
+    # After 200 rounds at K = 0 (round one and 12 rejected probes) α_1 = 0.05·0.9^4 = 0.033, and the kept probe,
+    # the `initial` round and three more kept probes lift it above 0.4: 1 - 0.9^5·(1 - 0.033) = 0.43. So the
+    # estimates choose K > 0 within PROBE_EVERY + 4 rounds.
     ks, best = [], []
     for _ in range(PROBE_EVERY + 4):
         ks += run(d, 1, keep=True)
@@ -194,10 +248,15 @@ def test_probes_draft_one_more_when_there_is_room() -> None:
     d.observe(1, accepted=0, draft_seconds=0.6, verify_seconds=1.0)  # α_1 = 0.25: K = 0 is best
     assert [d.next(0) for _ in range(6)] == [0] * 6  # no room: nothing to probe, and no round counted
     assert [d.next(1) for _ in range(6)] == [0, 0, 1, 0, 0, 1]
-    d.observe(1, accepted=1, draft_seconds=0.6, verify_seconds=1.0)  # the probe kept: probe again
-    assert d.alpha[0] == pytest.approx(0.5) and d.best(4) == 0 and d.next(4) == 1  # (0.5 + 0 + 1) / 3
+    d.observe(1, accepted=1, draft_seconds=0.6, verify_seconds=1.0)  # the probe kept: the first kept draft
+    assert d.alpha[0] == pytest.approx(0.5) and d.best(4) == 0  # (0.5 + 0 + 1) / 3
+    assert d.next(4) == 1 and not d.probing  # `initial` (1 here) drafts: its own round, not a probe
+    assert d.next(4) == 1 and d.probing  # then the probe the kept one asked for
+    d.observe(1, accepted=1, draft_seconds=0.6, verify_seconds=1.0)  # kept again: α_1 = 0.625 > 0.6
+    assert d.best(4) == 1 and d.next(4) == 2 and d.probing  # the estimates draft one; the kept probe asks one more
     d = DraftLength(1, "auto", max_k=2, costs=lambda n: 1.0, draft_cost=0.01, probe_every=2)
     d.observe(1, accepted=1, draft_seconds=0.01, verify_seconds=1.0)
+    assert d.next(2) == 1  # the first kept draft: a round of `initial`
     assert [d.next(2) for _ in range(4)] == [2, 2, 2, 2]  # at max_k: nothing deeper to probe
     assert [d.next(1) for _ in range(3)] == [1, 1, 1]  # room 1: a probe of 2 drafts does not fit
     d = DraftLength(1, "auto", max_k=2, costs=lambda n: 1.0, draft_cost=0.5, acceptance=[0.0, 0.0], probe_every=1)
