@@ -44,14 +44,15 @@ def pairs(models) -> dict[str, tuple[Gemma4Model, Drafter]]:  # noqa: ANN001 (co
     return {shape: models[shape, "echo"] for shape in SHAPES}
 
 
-PLAIN: dict[tuple[int, tuple[int, ...], int], list[int]] = {}
+# -> (the model, its tokens): the model is held so that its id cannot be reused by a later copy.
+PLAIN: dict[tuple[int, tuple[int, ...], int], tuple[Gemma4Model, list[int]]] = {}
 
 
 def plain(target: Gemma4Model, ids: list[int], n: int) -> list[int]:
     key = (id(target), tuple(ids), n)
     if key not in PLAIN:
-        PLAIN[key] = greedy_generate(target, ids, n)
-    return PLAIN[key]
+        PLAIN[key] = target, greedy_generate(target, ids, n)
+    return PLAIN[key][1]
 
 
 def rounds(result) -> list[tuple[list[int], int]]:  # noqa: ANN001

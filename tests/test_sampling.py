@@ -261,14 +261,15 @@ def test_keyed_draws_follow_the_distribution() -> None:
 # ---------------------------------------------------------------- plain and speculative sampling
 
 
-PLAIN: dict[tuple[int, int, int], list[int]] = {}
+# -> (the model, its tokens): the model is held so that its id cannot be reused by a later copy.
+PLAIN: dict[tuple[int, int, int], tuple[object, list[int]]] = {}
 
 
 def plain(target, seed: int, n: int) -> list[int]:  # noqa: ANN001
     key = (id(target), seed, n)
     if key not in PLAIN:
-        PLAIN[key] = sample_generate(target, prompt("long"), n, SamplerConfig(**SAMPLER, seed=seed))
-    return PLAIN[key]
+        PLAIN[key] = target, sample_generate(target, prompt("long"), n, SamplerConfig(**SAMPLER, seed=seed))
+    return PLAIN[key][1]
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -28,14 +28,17 @@ def target_tokenizer(demo: Path) -> Gemma4Tokenizer:
     return Gemma4Tokenizer(demo / "target" / "tokenizer.json")
 
 
-PLAIN: dict[tuple[int, str, int], list[int]] = {}
+# (id of the model, prompt kind, n) -> (the model, its tokens). The model is held so that its id cannot be
+# reused by a later object (a test's deep copy) while the entry lives: an id alone once returned another
+# shape's tokens to a copy born at a freed model's address.
+PLAIN: dict[tuple[int, str, int], tuple[Gemma4Model, list[int]]] = {}
 
 
 def plain(target: Gemma4Model, kind: str, n: int) -> list[int]:
     key = (id(target), kind, n)
     if key not in PLAIN:
-        PLAIN[key] = greedy_generate(target, prompt(kind), n)
-    return PLAIN[key]
+        PLAIN[key] = target, greedy_generate(target, prompt(kind), n)
+    return PLAIN[key][1]
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
