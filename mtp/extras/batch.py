@@ -29,7 +29,7 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, cut_at_stop, first_token
 from mtp.drafter import Drafter
-from mtp.schedule import DraftLength
+from mtp.schedule import DraftSchedule
 from mtp.speculative import check_sampling, target_kv
 from mtp.stats import SpecResult, SpecStats
 
@@ -37,7 +37,7 @@ from mtp.stats import SpecResult, SpecStats
 @torch.inference_mode()
 def speculative_generate_batch(
     target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
-    draft_length: DraftLength, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+    draft_length: DraftSchedule, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
     samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax",
 ) -> list[SpecResult]:
     """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and
