@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from gemma4.cache import KVCache
+from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.model import Gemma4Model, ModelOutput
 from gemma4.sampling import TOKEN_STREAM, Candidates, SamplerConfig, candidates, sample
 
@@ -47,21 +47,33 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
 
 
 def prefill(model: Gemma4Model, prompt: list[int], max_new_tokens: int, cache: KVCache | None,
-            reuse: int) -> tuple[KVCache, ModelOutput]:
+            reuse: int, chunk: int | None = None) -> tuple[KVCache, ModelOutput]:
     """Write the prompt's K/V and return the output of its last position.
 
-    Without a cache, a new one sized for the call. With one, its positions 0..reuse-1 must hold the
-    K/V of prompt[:reuse] (the caller's promise): they are kept and only prompt[reuse:] runs. K/V
-    depend only on the ids before them, so the result is the full prefill's.
+    Without a cache, a new one sized for the call, its sliding layers' slack fitting `chunk`. With one, its
+    positions 0..reuse-1 must hold the K/V of prompt[:reuse] (the caller's promise; `KVCache.holds` says whether
+    the sliding layers' rings still do): they are kept and only prompt[reuse:] runs. K/V depend only on the ids
+    before them, so the result is the full prefill's. The prompt runs in chunks of at most `chunk` positions
+    (PREFILL_CHUNK, and never more than the cache's slack): each chunk's queries read the K/V the earlier
+    chunks wrote, so the extra memory of a prefill grows with the prompt only through the full layers' cache.
     """
+    chunk = PREFILL_CHUNK if chunk is None else chunk
+    if chunk < 1:
+        raise ValueError(f"a prefill chunk holds at least 1 position, got {chunk}")
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     if cache is None:
         context = model.config.max_position_embeddings
-        cache = KVCache(model.config, min(len(prompt) + max_new_tokens, context), dtype=dtype, device=device)
+        cache = KVCache(model.config, min(len(prompt) + max_new_tokens, context), dtype=dtype, device=device,
+                        slack=ring_slack(chunk))
     if not 0 <= reuse < len(prompt):  # the newest prompt token must run: its logits choose the first new one
         raise ValueError(f"reuse must be in 0..{len(prompt) - 1}, got {reuse}")
-    cache.length = reuse
-    out = model.run(torch.tensor([prompt[reuse:]]), cache, start_pos=reuse, num_logits=1)  # (1, T) host ids
+    if not cache.holds(reuse):
+        raise ValueError(f"the cache no longer holds the sliding window before position {reuse}: prefill from 0")
+    chunk = min(chunk, cache.slack)
+    for start in range(reuse, len(prompt), chunk):
+        cache.length = start  # positions 0..start-1 hold the prompt's K/V
+        ids = prompt[start:start + chunk]
+        out = model.run(torch.tensor([ids]), cache, start_pos=start, num_logits=1)  # (1, T) host ids
     cache.length = len(prompt)
     return cache, out
 
@@ -95,13 +107,13 @@ def sampler_choice(sampler: SamplerConfig, rows: Candidates = candidates) -> Cho
 def decode(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, choose: Chooser,
     stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
-    cache: KVCache | None = None, reuse: int = 0,
+    cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
 ) -> Generated:
     """The plain cached loop: prefill, then one forward per token; `choose` picks each token.
-    `cache`, `reuse`: a cache already holding prompt[:reuse] (see `prefill`)."""
+    `cache`, `reuse`: a cache already holding prompt[:reuse]; `prefill_chunk`: see `prefill`."""
     check_prompt(model, prompt, max_new_tokens)
     context = model.config.max_position_embeddings
-    cache, out = prefill(model, prompt, max_new_tokens, cache, reuse)
+    cache, out = prefill(model, prompt, max_new_tokens, cache, reuse, prefill_chunk)
     seq = list(prompt)
     while True:
         seq.append(choose(out.logits[0, -1:], cache.length))  # the token at position cache.length
@@ -115,31 +127,33 @@ def decode(
 
 def greedy_generate(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: list[int] | tuple[int, ...] = (),
-    on_token: Callable[[int], None] | None = None,
+    on_token: Callable[[int], None] | None = None, prefill_chunk: int | None = None,
 ) -> list[int]:
     """New tokens, ending with the first stop id (kept) or after max_new_tokens.
-    `on_token` sees each token as it is chosen (for streaming)."""
-    return decode(model, prompt, max_new_tokens, greedy_choice, stop_ids, on_token).tokens
+    `on_token` sees each token as it is chosen (for streaming); `prefill_chunk`: see `prefill`."""
+    return decode(model, prompt, max_new_tokens, greedy_choice, stop_ids, on_token,
+                  prefill_chunk=prefill_chunk).tokens
 
 
 def sample_generate(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig,
     stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
-    cache: KVCache | None = None, reuse: int = 0,
+    cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
 ) -> list[int]:
     """Like greedy_generate, each token drawn from the warped distribution with keyed noise:
     the same seed gives the same tokens. Temperature 0 is greedy_generate itself."""
-    return plain_generate(model, prompt, max_new_tokens, sampler, stop_ids, on_token, cache, reuse).tokens
+    return plain_generate(model, prompt, max_new_tokens, sampler, stop_ids, on_token, cache, reuse,
+                          prefill_chunk).tokens
 
 
 def plain_generate(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig,
     stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
-    cache: KVCache | None = None, reuse: int = 0,
+    cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
 ) -> Generated:
     """sample_generate's tokens with the reason they ended, as speculative_generate returns them."""
     choose = greedy_choice if sampler.greedy else sampler_choice(sampler, model.sampler_candidates)
-    return decode(model, prompt, max_new_tokens, choose, stop_ids, on_token, cache, reuse)
+    return decode(model, prompt, max_new_tokens, choose, stop_ids, on_token, cache, reuse, prefill_chunk)
 
 
 @torch.inference_mode()

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemma4.cache import KVCache, RowSlots
+from gemma4.cache import KV, KVCache, Slots
 from gemma4.config import SLIDING, RopeConfig, TextConfig
 from gemma4.moe import Experts, Router
 from gemma4.norms import RMSNorm, gelu, rms_norm
@@ -75,13 +75,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """q_pos (T,), k_pos (S,) -> (T, S) bool, True = visible: key j to query p iff j <= p (and
     p - window < j). The one mask helper: prefill, one-token decode, (K+1)-token verification and the
-    drafter. Per-row query positions (B, T) give (B, 1, T, S), one mask for all heads of a row; a key
-    past a row's own positions is a stale slot, and j <= p hides it."""
+    drafter. Keys are known by their absolute positions, so a sliding layer's ring (slots in any order, stale
+    or empty ones among them, gemma4/cache.py) is masked by the same comparison. Per-row query positions
+    (B, T) or key positions (B, S) give (B, 1, T, S), one mask for all heads of a row; a key past a row's own
+    positions is a stale slot, and j <= p hides it."""
     p = q_pos[..., None]  # (T, 1) or (B, T, 1)
-    visible = k_pos <= p  # (T, S) or (B, T, S)
+    k = k_pos if k_pos.dim() == 1 else k_pos[:, None, :]  # (S,) or (B, 1, S)
+    visible = k <= p  # (T, S) or (B, T, S)
     if window is not None:
-        visible &= k_pos > p - window
-    return visible if q_pos.dim() == 1 else visible[:, None]
+        visible &= k > p - window
+    return visible if visible.dim() == 2 else visible[:, None]
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -94,30 +97,30 @@ class LayerInputs(NamedTuple):
     """What every layer of one type needs for one forward, computed once per type."""
     cos: torch.Tensor  # (T, 1, D), per row (B, T, 1, D)
     sin: torch.Tensor  # the same shape, signed: see apply_rope
-    mask: torch.Tensor | None  # (T, S') or (B, 1, T, S') additive over keys key_start..; None: all visible
-    key_start: int  # sliding layers skip keys that left every query's window
+    mask: torch.Tensor | None  # (T, S) or (B, 1, T, S) additive over the keys read; None: all visible
 
 
-def layer_inputs(c: TextConfig, positions: torch.Tensor, num_keys: int, dtype: torch.dtype, shift: int = 0,
-                 first: int | None = None) -> dict[str, LayerInputs]:
-    """RoPE at `positions` ((T,), or (B, T) per row) and masks over keys 0..num_keys-1, once per layer type.
+def layer_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, int | torch.Tensor], dtype: torch.dtype,
+                 shift: int = 0, first: int | None = None) -> dict[str, LayerInputs]:
+    """RoPE at `positions` ((T,), or (B, T) per row) and masks over the keys each layer type reads, once per type:
+    keys[type] is n (positions 0..n-1) or the positions of the slots read ((S,) or (B, S): a sliding ring).
     The target's queries see keys up to their own position (shift 0). The drafter passes shift 1: its query
     at t sees the target's keys 0..t-1, and its sliding layers one key more than the target's (mtp §5).
     `first`: the smallest position, where the caller knows it (reading it from the device waits for it)."""
-    mask_pos = positions - shift  # the newest key each query may see
-    newest = (int(positions.min()) if first is None else first) - shift
-    # One query that sees every key it is given (a decode or draft step): no mask at all, the same numbers.
-    every_key = positions.numel() == 1 and num_keys == newest + 1
     out = {}
     for kind in set(c.layer_types):
         window = c.sliding_window + shift if kind == SLIDING else None
-        # Keys that left every query's window are not even multiplied (sliding layers only).
-        key_start = max(0, newest - window + 1) if window else 0
-        keys = torch.arange(key_start, num_keys, device=positions.device)  # (S',)
-        mask = None if every_key else additive_mask(attention_mask(mask_pos, keys, window), dtype)  # (T, S') or (B, 1, T, S')
+        k = keys[kind]
+        if isinstance(k, int):  # keys 0..n-1
+            # One query at n-1 that sees every key (a decode or draft step before any window): no mask at all.
+            single = positions.numel() == 1 and k == (int(positions.min()) if first is None else first) - shift + 1
+            mask = None if single and (window is None or k <= window) else additive_mask(
+                attention_mask(positions - shift, torch.arange(k, device=positions.device), window), dtype)  # (T, S)
+        else:  # a ring's slots, by their positions
+            mask = additive_mask(attention_mask(positions - shift, k, window), dtype)  # (T, S) or (B, 1, T, S)
         head_dim = c.head_dims[c.layer_types.index(kind)]
         cos, sin = rope_cos_sin(positions, rope_frequencies(c.rope[kind], head_dim, positions.device), dtype)
-        out[kind] = LayerInputs(cos, sin, mask, key_start)
+        out[kind] = LayerInputs(cos, sin, mask)
     return out
 
 
@@ -164,18 +167,17 @@ class Attention(nn.Module):
         return q, k.transpose(1, 2), v.transpose(1, 2)  # (B, T, H, D), (B, K, T, D) x 2
 
     def forward(
-        self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, start: int | RowSlots,
+        self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, slots: Slots | torch.Tensor | None,
         shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x (B, T, E) -> (B, T, E), and this layer's K/V over positions 0..start+T-1 (0..end-1 per row)."""
+        """x (B, T, E) -> (B, T, E), and the K/V this layer read: every slot its cache holds for it (without a
+        cache, this forward's)."""
         q, k, v = self.project(x, inp)
         if self.shared:
             k, v = shared_kv  # (B, K, S, D) of the source layer, this forward's positions included
         elif cache is not None:
-            k, v = cache.write(self.layer, start, k, v)  # (B, K, start+T, D) views
-        s = inp.key_start  # a sliding layer past its window: older keys are not even multiplied
-        keys, values = (k[:, :, s:], v[:, :, s:]) if s else (k, v)  # (B, K, S', D); no slicing op when s is 0
-        out = attend(q, keys, values, inp.mask)  # (B, T, H*D)
+            k, v = cache.write(self.layer, slots, k, v)  # (B, K, S, D) views of the slots in use
+        out = attend(q, k, v, inp.mask)  # (B, T, H*D)
         return self.o_proj(out), (k, v)
 
 
@@ -221,10 +223,10 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, h: torch.Tensor, inp: LayerInputs, ple: torch.Tensor | None, cache: KVCache | None,
-        start: int | RowSlots, shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
+        slots: Slots | torch.Tensor | None, shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """h (B, T, E) -> (B, T, E); ple (B, T, P) or None."""
-        a, kv = self.self_attn(self.input_layernorm(h), inp, cache, start, shared_kv)
+        a, kv = self.self_attn(self.input_layernorm(h), inp, cache, slots, shared_kv)
         h = h + self.post_attention_layernorm(a)
         m = self.mlp(self.pre_feedforward_layernorm(h))
         if self.moe:  # MoE beside the dense MLP, both fed from the same residual h
@@ -252,9 +254,9 @@ class TiedHead(nn.Module):
 class ModelOutput(NamedTuple):
     logits: torch.Tensor  # (B, n, V) for the last n positions, softcapped
     hidden: torch.Tensor  # (B, T, E) after the final norm: the drafter's "hidden" input
-    # type -> K, V (B, K, S, D) of kv_source(type): what the drafter attends to. The loop reads them from
-    # the cache; drafter training, which runs the target without one, reads them here.
-    shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    # type -> K, V (B, K, S, D) of kv_source(type) and their positions: what the drafter attends to. The loop
+    # reads them from the cache; drafter training, which runs the target without one, reads them here.
+    shared_kv: dict[str, KV]
 
 
 class Gemma4Model(nn.Module):
@@ -304,8 +306,8 @@ class Gemma4Model(nn.Module):
     ) -> ModelOutput:
         """input_ids (B, T) at positions start_pos..start_pos+T-1; per row when start_pos is a (B,) tensor.
 
-        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1;
-        the caller moves `cache.length` afterwards. Without one, the forward is self-contained and
+        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding
+        layers: what their ring holds of it); the caller moves `cache.length` afterwards. Without one, the forward is self-contained and
         starts at position 0. `num_logits` limits the head to the last n positions (prefill needs 1;
         0 computes none: a ragged batch takes each row's own with `logits`).
         """
@@ -316,24 +318,24 @@ class Gemma4Model(nn.Module):
         # The loops pass host ids; non_blocking: the upload need not wait for the device's queue to drain.
         x = self.embed(input_ids.to(self.embed_tokens.weight.device, non_blocking=True))  # (B, T, E)
         ple = self.per_layer_inputs(self.per_layer_rows(input_ids, x), x) if c.ple_dim else None  # (B, T, L, P)
-        steps = torch.arange(t, device=x.device)  # (T,)
-        if isinstance(start_pos, int):  # one position for all rows
-            positions, slots, end = start_pos + steps, start_pos, start_pos + t  # (T,)
-        else:  # per row: where each row's K/V go, computed once per forward
-            positions, slots = start_pos[:, None] + steps, cache.row_slots(start_pos, t)  # (B, T)
-            end = slots.end
-        inputs = layer_inputs(c, positions, end, x.dtype, first=start_pos if isinstance(start_pos, int) else None)
+        if cache is None:  # positions 0..T-1, every layer reading this forward's keys
+            positions, slots, keys = torch.arange(t, device=x.device), None, {kind: t for kind in c.layer_types}
+        else:  # where the K/V go (per row when start_pos is a tensor) and which keys each type reads, once
+            slots = cache.claim(start_pos, t)
+            positions, keys = slots.positions, slots.keys  # (T,) or (B, T)
+        inputs = layer_inputs(c, positions, keys, x.dtype, first=start_pos if isinstance(start_pos, int) else None)
         hidden, source_kv = self.stack(x, ple, inputs, cache, slots)
         n = t if num_logits is None else num_logits
-        return ModelOutput(self.logits(hidden[:, t - n:]), hidden, source_kv)  # (B, n, V)
+        shared_kv = {kind: KV(k, v, keys[kind]) for kind, (k, v) in source_kv.items()}
+        return ModelOutput(self.logits(hidden[:, t - n:]), hidden, shared_kv)  # (B, n, V)
 
     def stack(
         self, x: torch.Tensor, ple: torch.Tensor | None, inputs: dict[str, LayerInputs], cache: KVCache | None,
-        slots: int | RowSlots | torch.Tensor,
+        slots: Slots | torch.Tensor | None,
     ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """The layers and the final norm: x (B, T, E), ple (B, T, L, P) or None -> hidden (B, T, E) and
-        type -> the K/V of kv_source(type). `slots`: where the K/V go (a start, a batch's row slots, or a
-        compiled step's device positions, gemma4/fast/static.py)."""
+        type -> the K/V of kv_source(type). `slots`: where the K/V go (KVCache.claim's, or a compiled step's device
+        positions, gemma4/fast/static.py; None without a cache)."""
         ples = [None] * self.config.num_layers if ple is None else ple.unbind(dim=2)  # L x (B, T, P)
         source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
         h = x

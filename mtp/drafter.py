@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from gemma4.cache import KV
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear
 from gemma4.sampling import DRAFT_STREAM, Candidates, SamplerConfig, candidates, keyed_sample, warp
@@ -91,21 +92,24 @@ class Drafter(nn.Module):
         else:
             self.head = TiedHead()  # a dense head over `model.embed_tokens` (26B/31B)
 
-    def layer_inputs(self, positions: torch.Tensor, num_keys: int, dtype: torch.dtype, first: int | None = None
-                     ) -> dict[str, LayerInputs]:
-        """RoPE at the query positions ((T,) or per row (B, T)) and masks over the target's keys 0..num_keys-1.
-        A query at t sees keys 0..t-1 and its sliding layers the newest W_d + 1 of them (§5): shift 1."""
-        return layer_inputs(self.config.text, positions, num_keys, dtype, shift=1, first=first)
+    def layer_inputs(self, positions: torch.Tensor, shared_kv: dict[str, KV], dtype: torch.dtype,
+                     first: int | None = None) -> dict[str, LayerInputs]:
+        """RoPE at the query positions ((T,) or per row (B, T)) and masks over the target's keys, known by their
+        positions (a sliding ring's slots included). A query at t sees keys 0..t-1 and its sliding layers the
+        newest W_d + 1 of them (§5): shift 1."""
+        keys = {kind: kv.positions for kind, kv in shared_kv.items()}
+        return layer_inputs(self.config.text, positions, keys, dtype, shift=1, first=first)
 
     def step(
         self, token_embedding: torch.Tensor, hidden: torch.Tensor, inputs: dict[str, LayerInputs],
-        shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        shared_kv: dict[str, KV],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft step (§4). token_embedding, hidden (B, T, E) -> normed state (B, T, D), next hidden (B, T, E)."""
         u = self.pre_projection(torch.cat([token_embedding, hidden], dim=-1))  # (B, T, 2E) -> (B, T, D)
         for i, layer in enumerate(self.model.layers):
             kind = self.config.text.layer_types[i]
-            u, _ = layer(u, inputs[kind], ple=None, cache=None, start=0, shared_kv=shared_kv[kind])
+            kv = shared_kv[kind]
+            u, _ = layer(u, inputs[kind], ple=None, cache=None, slots=None, shared_kv=(kv.keys, kv.values))
         hn = self.model.norm(u)  # (B, T, D)
         return hn, self.post_projection(hn)
 
@@ -124,15 +128,15 @@ class Drafter(nn.Module):
 
     def draft(
         self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
-        shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int,
+        shared_kv: dict[str, KV], k: int,
     ) -> list[int]:
         """k greedy drafts after `token` at position t, from the target's post-norm hidden (E,) at t-1
-        and the target's K/V of positions 0..t-1 (shared_kv: type -> (1, K, t, D))."""
+        and the target's K/V of positions 0..t-1 (shared_kv: type -> the cache's `KV`, gemma4/cache.py)."""
         return self.propose(target, token, hidden, t, shared_kv, k)[0]
 
     def propose(
         self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
-        shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: SamplerConfig | None = None,
+        shared_kv: dict[str, KV], k: int, sampler: SamplerConfig | None = None,
     ) -> tuple[list[int], torch.Tensor | None]:
         """k drafts as `draft`, greedy without a sampler; with one (`sample` drafting), q (k, V) too.
         `propose_rows` of the one row."""
@@ -145,15 +149,15 @@ class Drafter(nn.Module):
     @torch.inference_mode()
     def propose_rows(
         self, target: Gemma4Model, tokens: list[int], hidden: torch.Tensor, t: list[int],
-        shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, samplers: list[SamplerConfig] | None = None,
+        shared_kv: dict[str, KV], k: int, samplers: list[SamplerConfig] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k drafts for each of B rows: row b's after tokens[b] at position t[b], from the target's post-norm hidden
-        (B, E) at t_b - 1 and the target's K/V of positions 0..max t - 1 (type -> (B, K, max t, D); row b's
+        (B, E) at t_b - 1 and the target's K/V of positions 0..max t - 1 (type -> the cache's `KV`; row b's
         query sees its own keys 0..t_b-1 only: the mask hides the rest). Greedy without samplers. With one per
         row (`sample` drafting, §11), row b's draft j is drawn from its warped distribution q_j with the
         DRAFT_STREAM noise keyed at t_b + j. Returns drafts (B, k), on the device, and q (B, k, V) or None."""
         device = hidden.device
-        inputs = self.layer_inputs(torch.tensor(t, device=device)[:, None], max(t), hidden.dtype, first=min(t))
+        inputs = self.layer_inputs(torch.tensor(t, device=device)[:, None], shared_kv, hidden.dtype, first=min(t))
         h = hidden[:, None]  # (B, 1, E)
         ids = torch.tensor(tokens, device=device)[:, None]  # (B, 1)
         drafted: list[torch.Tensor] = []  # greedy drafts stay on the device: the caller reads them once

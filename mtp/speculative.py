@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from gemma4.cache import KVCache
+from gemma4.cache import KV, KVCache
 from gemma4.config import FULL, SLIDING
 from gemma4.generate import check_prompt, finish_reason, prefill
 from gemma4.model import Gemma4Model
@@ -49,12 +49,14 @@ def speculative_generate(
     draft_length: Schedule, stop_ids: list[int] | tuple[int, ...] = (),
     sampler: SamplerConfig | None = None, drafting: str = "argmax",
     on_commit=None,  # noqa: ANN001 (optional callback(tokens, from_drafter flags) for streaming)
-    cache: KVCache | None = None, reuse: int = 0,
+    cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
 ) -> SpecResult:
     """Greedy with `sampler=None` or temperature 0; otherwise sampling with `drafting` (see above).
-    `cache`, `reuse`: a cache already holding prompt[:reuse] (gemma4/generate.py `prefill`)."""
+    `cache`, `reuse`: a cache already holding prompt[:reuse]; `prefill_chunk`: the most prompt positions one
+    forward runs (gemma4/generate.py `prefill`)."""
     check_prompt(target, prompt, max_new_tokens)
     check_sampling(sampler, drafting)
+    check_windows(target, drafter)
     if sampler is not None and sampler.greedy:
         sampler = None  # temperature 0 is the greedy loop itself
     draft_sampler = sampler if drafting == "sample" else None  # None: the drafter proposes its argmax
@@ -65,7 +67,7 @@ def speculative_generate(
     # 0. Prefill: one forward over the prompt (past a reused prefix) commits the first token. The drafter needs
     #    nothing for a reused prefix: it keeps no cache, and reads the target's K/V and the hidden of the
     #    prompt's last position, both the prefill's.
-    cache, out = prefill(target, prompt, max_new_tokens, cache, reuse)
+    cache, out = prefill(target, prompt, max_new_tokens, cache, reuse, prefill_chunk)
     stats.target_forwards += 1
     seq = list(prompt) + [first_token(out.logits[0, -1:], sampler, len(prompt), target.sampler_candidates)]
     hidden = out.hidden[0, -1]  # (E,) h[t-1], with t = len(seq) - 1
@@ -76,8 +78,9 @@ def speculative_generate(
         t = len(seq) - 1  # == cache.length
 
         # 1. Budget: never draft what could not be committed (a drafts + 1 target token within the budget and
-        #    the context).
-        k = draft_length.next(min(max_new_tokens - (len(seq) - len(prompt)) - 1, context - len(seq) - 1))
+        #    the context), nor more than the sliding layers' slack can verify in one forward.
+        k = draft_length.next(min(max_new_tokens - (len(seq) - len(prompt)) - 1, context - len(seq) - 1,
+                                  cache.slack - 1))
 
         # 2. Draft d_1..d_K from (seq[t], h[t-1], position t) and the target's K/V of 0..t-1.
         start = time.perf_counter()
@@ -109,10 +112,20 @@ def speculative_generate(
     return SpecResult(seq[len(prompt):], stats, reason)
 
 
-def target_kv(cache: KVCache, model: Gemma4Model, t: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """K/V of positions 0..t-1 of the target's last non-shared sliding and full layers: what the drafter reads (§3)."""
+def target_kv(cache: KVCache, model: Gemma4Model, t: int) -> dict[str, KV]:
+    """K/V of positions 0..t-1 of the target's last non-shared sliding and full layers, with the positions of their
+    slots: what the drafter reads (§3). A sliding layer's ring may also hold stale slots past t-1: the mask hides them."""
     c = model.config
     return {kind: cache.read(c.kv_source(kind), t) for kind in (SLIDING, FULL)}
+
+
+def check_windows(target: Gemma4Model, drafter: Drafter) -> None:
+    """The target's sliding layers keep W + slack slots (gemma4/cache.py), which hold the W_d + 1 keys the
+    drafter reads only if W_d <= W (gemma4/README.md §14)."""
+    w, w_d = target.config.sliding_window, drafter.config.text.sliding_window
+    if w_d > w:
+        raise ValueError(f"the assistant's sliding window ({w_d}) is wider than the target's ({w}): the target's "
+                         f"cache keeps only its own window, so this pair cannot run")
 
 
 def check_sampling(sampler: SamplerConfig | None, drafting: str) -> None:

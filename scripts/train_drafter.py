@@ -46,6 +46,7 @@ from tokenizers import Tokenizer
 
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.config_file import DEFAULT_ROPE, read_json, text_fields
+from gemma4.cache import KV
 from gemma4.model import Gemma4Model
 from gemma4.weights import load_target
 from measure_pair import PROMPT_TOKENS, measure
@@ -171,8 +172,8 @@ def unrolled_loss(drafter: Drafter, target: Gemma4Model, seq: torch.Tensor, step
     with torch.no_grad():
         out = target.run(seq)  # teacher-forced over the whole sequence: logits (B, T, V)
     b, t = seq.shape
-    kv = {k: (key.float(), value.float()) for k, (key, value) in out.shared_kv.items()}  # (B, K, T, D) each
-    inputs = drafter.layer_inputs(torch.arange(1, t, device=seq.device), t, torch.float32)  # queries 1..T-1
+    kv = {k: KV(key.float(), value.float(), t) for k, (key, value, _) in out.shared_kv.items()}  # (B, K, T, D) each
+    inputs = drafter.layer_inputs(torch.arange(1, t, device=seq.device), kv, torch.float32)  # queries 1..T-1
     tokens = F.pad(seq, (0, steps))  # (B, T+steps): seq[t+j-1] for every query t and step j (pads never count)
     hidden = out.hidden[:, :-1].float()  # (B, T-1, E): h[t-1] for step 1
     head = drafter.model.embed_tokens.weight  # (V, D)

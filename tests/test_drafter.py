@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gemma4 import ConfigError, KVCache, load_target
+from gemma4.cache import KV
 from mtp import DraftLength, check_pair, load_drafter, speculative_generate
 from mtp.loading import drafter_config_from_dict
 from mtp.speculative import target_kv
@@ -61,8 +62,8 @@ def one_step(target, drafter, tf_t, tf_a, ids: list[int], token: int):  # noqa: 
     """Both drafters' step from transformers' own target state over ids, at t = len(ids) -> ours (model
     head logits, dense head logits, next hidden), our greedy token, and transformers' DrafterStep."""
     state, t = tf_target_outputs(tf_t, ids), len(ids)
-    kv = {kind: (k[:, :, :t], v[:, :, :t]) for kind, (k, v) in state.kv.items()}  # positions 0..t-1
-    inputs = drafter.layer_inputs(torch.tensor([t]), t, state.hidden.dtype)
+    kv = {kind: KV(k[:, :, :t], v[:, :, :t], t) for kind, (k, v) in state.kv.items()}  # positions 0..t-1
+    inputs = drafter.layer_inputs(torch.tensor([t]), kv, state.hidden.dtype)
     hn, next_hidden = drafter.step(target.embed(torch.tensor([[token]])), state.hidden[None, -1:], inputs, kv)
     hn = hn[:, 0]  # (1, D)
     ours = (drafter.logits(hn)[0], hn[0] @ drafter.model.embed_tokens.weight.T, next_hidden[0, 0])  # (V,), (V,), (E,)

@@ -23,6 +23,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import gemma4.fast.sampling
 from gemma4 import SamplerConfig, greedy_generate, sample_generate
+from gemma4.cache import KV
 from gemma4.fast.sampling import fast_candidates
 from gemma4.sampling import (
     GOLDEN, MASK64, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
@@ -334,7 +335,7 @@ def test_sample_drafting_gives_the_centroid_filler_probability_zero(models) -> N
     t = len(p)
     sampler = SamplerConfig(temperature=1.0)  # no top-k/top-p: only the filler can make zeros
     drafts, q = drafter.propose(target, p[-1], out.hidden[0, -2], t - 1,
-                                {kind: (k[:, :, :t - 1], v[:, :, :t - 1]) for kind, (k, v) in out.shared_kv.items()},
+                                {kind: KV(k[:, :, :t - 1], v[:, :, :t - 1], t - 1) for kind, (k, v, _) in out.shared_kv.items()},
                                 3, sampler)
     assert q.shape == (3, 512)
     torch.testing.assert_close(q.sum(dim=-1), torch.ones(3))

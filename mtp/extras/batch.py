@@ -30,7 +30,7 @@ from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, cut_at_stop, first_token
 from mtp.drafter import Drafter
 from mtp.schedule import DraftSchedule
-from mtp.speculative import check_sampling, target_kv
+from mtp.speculative import check_sampling, check_windows, target_kv
 from mtp.stats import SpecResult, SpecStats
 
 
@@ -38,7 +38,7 @@ from mtp.stats import SpecResult, SpecStats
 def speculative_generate_batch(
     target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
     draft_length: DraftSchedule, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
-    samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax",
+    samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax", prefill_chunk: int | None = None,
 ) -> list[SpecResult]:
     """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and
     `drafting`). Every row starts from draft_length's value and adapts it on its own acceptances;
@@ -47,19 +47,20 @@ def speculative_generate_batch(
     check_prompts(target, prompts, budgets)
     for s in samplers or [None]:
         check_sampling(s, drafting)
+    check_windows(target, drafter)
     samplers = [None if s is None or s.greedy else s for s in (samplers or [None] * len(prompts))]  # T 0: greedy
     sampled_drafts = drafting == "sample"
     context = target.config.max_position_embeddings
     # Room for the pads of a verify block: row b writes at most max_b K_b + 1 positions from t_b.
     longest = max(min(len(p) + n, context) for p, n in zip(prompts, budgets))
-    cache = new_cache(target, len(prompts), longest + min(max(budgets), context))
+    cache = new_cache(target, len(prompts), longest + min(max(budgets), context), prefill_chunk)
     draft_length.start_call()
     lengths = [copy.deepcopy(draft_length) for _ in prompts]  # each row adapts its own, `auto`'s estimates included
     stats = [SpecStats(target_forwards=1, emitted=1) for _ in prompts]
     results: list[SpecResult | None] = [None] * len(prompts)
 
     # 0. Prefill every row in one forward; each commits its first token.
-    logits, hidden = prefill_rows(target, cache, prompts)  # (B, V), (B, E) h[t_b-1]
+    logits, hidden = prefill_rows(target, cache, prompts, prefill_chunk)  # (B, V), (B, E) h[t_b-1]
     device = hidden.device
     warper = target.sampler_candidates
     seqs = [list(p) + [first_token(logits[b:b + 1], samplers[b], len(p), warper)] for b, p in enumerate(prompts)]
@@ -79,9 +80,9 @@ def speculative_generate_batch(
             rows, hidden = [rows[i] for i in going], hidden[going]
         t = [len(seqs[b]) - 1 for b in rows]  # == cache.length, row by row
 
-        # 1. Budget, per row: never draft what could not be committed.
-        k_eff = [lengths[b].next(min(budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1, context - len(seqs[b]) - 1))
-                 for b in rows]
+        # 1. Budget, per row: never draft what could not be committed, nor past the sliding layers' slack.
+        k_eff = [lengths[b].next(min(budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1, context - len(seqs[b]) - 1,
+                                     cache.slack - 1)) for b in rows]
 
         # 2. Draft d_1..d_K for every row from (seq_b[t_b], h[t_b-1], position t_b); row b keeps K_b:
         #    the drafter's argmax, or (sample drafting) draws from its warped q.
