@@ -40,6 +40,20 @@ def ring_slack(prefill_chunk: int) -> int:
     return max(prefill_chunk, MIN_SLACK)
 
 
+def cache_bytes(config: TextConfig, positions: int, slack: int = ring_slack(PREFILL_CHUNK), batch: int = 1,
+                dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of the K/V buffers of a cache holding `positions` positions: what a KVCache of that capacity
+    allocates once full (its slot positions, 8 bytes a ring slot, not counted). slack >= positions gives the
+    cache that keeps every position of every layer."""
+    ring = min(positions, config.sliding_window + slack)
+    size = dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size()
+    total = 0
+    for i in range(config.first_shared_layer):
+        slots = ring if config.layer_types[i] == SLIDING else positions
+        total += 2 * batch * config.kv_heads[i] * slots * config.head_dims[i] * size  # K and V
+    return total
+
+
 class Slots(NamedTuple):
     """Where one forward writes and which keys its layers read: made once per forward by `KVCache.claim`."""
     start: int | None  # every row writes positions start..end-1 (None: each row at its own, `rows`)
@@ -86,7 +100,7 @@ class KVCache:
     def holds(self, n: int) -> bool:
         """Whether every key a query at position n or later may read is still in the cache once the length is
         lowered to n: nothing ever wrapped, or no stale write since reached past n + slack (§14)."""
-        return self.frontier <= max(self.ring, n + self.slack)
+        return n == 0 or self.frontier <= max(self.ring, n + self.slack)
 
     def claim(self, start: int | torch.Tensor, t: int) -> Slots:
         """Slots for T new tokens at start (an int, or (B,) per row), checked once per forward, not per layer;

@@ -4,12 +4,15 @@ and mtp/speculative.py run them unchanged: `StaticTarget` and `StaticDrafter` st
 drafter, and the caller passes a `StaticKVCache` (`cache=`).
 
 Facts a reader must know:
-- Every step sees the whole cache: K/V buffers (B, K, S, D) with S = capacity, written with `index_copy_` at the
-  step's positions, a (T,) device tensor, never sliced by a Python int. The mask hides what a query must not see
-  (keys past its position, and outside the window on sliding layers): stale slots and unwritten zeros get weight
-  0. key_start is 0, so a layer's `k[:, :, 0:]` is the whole buffer.
+- Every step sees the whole cache: K/V buffers (B, K, S, D) with S = capacity on full layers and the ring's
+  W + slack slots on sliding ones (gemma4/cache.py), written with `index_copy_` at the step's positions (mod the
+  ring), a (T,) device tensor, never sliced by a Python int. The ring's slot positions are a static buffer too,
+  written once per step. The mask hides what a query must not see (keys past its position, and outside the
+  window on sliding layers): stale slots and unwritten zeros get weight 0.
 - The steps call the model's own embedding, Per-Layer Embeddings, layer stack (`Gemma4Model.stack`) and head
   (fast modules included); only RoPE and the masks are built here, from the device positions.
+- A prefill runs in chunks of at most the cache's slack (gemma4/generate.py `prefill`): no step writes more
+  positions than the ring can take without losing a key that a query still reads.
 - One graph per row count: T = 1 decodes, T = K + 1 verifies; the drafter's step is one graph. A prefill
   (`num_logits` given) runs the same function eagerly: its length changes every call.
 - Outside the graph: the PLE table's rows (the table stays in host memory: rows are looked up from the host ids
@@ -32,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemma4.cache import KVCache
+from gemma4.cache import KV, PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.fast.apply import products
 from gemma4.fast.experts import gather_experts
@@ -51,47 +54,65 @@ GRAPHS = 64  # graphs one step function may hold: a row count each (Dynamo's own
 
 
 class StaticKVCache(KVCache):
-    """A KVCache whose buffers hold every position from the start, written at device positions. `length` stays the
-    loop's int: the loop owns the position and rolls back by setting it."""
+    """A KVCache whose buffers hold all their slots from the start (every position on full layers, the ring on
+    sliding ones), written at device positions. `length` stays the loop's int: the loop owns the position and
+    rolls back by setting it."""
 
     def __init__(self, config: TextConfig, capacity: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
-        super().__init__(config, capacity, batch=1, dtype=dtype, device=device)
+                 device: torch.device | str = "cpu", slack: int = ring_slack(PREFILL_CHUNK)) -> None:
+        super().__init__(config, capacity, batch=1, dtype=dtype, device=device, slack=slack)
         for buffers in (self.keys, self.values):
             for buffer in buffers.values():
                 torch._dynamo.mark_static_address(buffer)  # CUDA graphs write it in place, never copy it in
+        torch._dynamo.mark_static_address(self.slot_positions)
 
     def check(self, start: int, t: int) -> None:
-        """KVCache.write's checks, on the host: a graph cannot raise, and a write past the end is a device fault."""
+        """KVCache.claim's checks, on the host: a graph cannot raise, and a write past the end is a device fault."""
         if start > self.length:
             raise ValueError(f"write at position {start} would leave a hole: only {self.length} positions are valid")
         if start + t > self.capacity:
             raise ValueError(f"the static KV cache holds {self.capacity} positions; position {start + t - 1} does "
                              f"not fit")
+        if t > self.slack:
+            raise ValueError(f"a forward of {t} positions does not fit the sliding layers' slack of {self.slack}: "
+                             f"run it in chunks of at most {self.slack}")
+        self.frontier = start + t if start == 0 else max(self.frontier, start + t)
+
+    def place(self, positions: torch.Tensor) -> None:
+        """Record the positions (T,) the ring's slots will hold: once per step, before any layer writes."""
+        self.slot_positions.index_copy_(1, positions % self.ring, positions[None])  # (1, R)
 
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, K, T, D) at positions (T,); return the whole buffers (B, K, S, D)."""
-        self.keys[layer].index_copy_(2, positions, k)
-        self.values[layer].index_copy_(2, positions, v)
+        """Store k, v (B, K, T, D) at positions (T,) (a sliding layer: their ring slots); return the whole buffers
+        (B, K, S, D)."""
+        slots = positions % self.ring if self.kinds[layer] == SLIDING else positions  # (T,)
+        self.keys[layer].index_copy_(2, slots, k)
+        self.values[layer].index_copy_(2, slots, v)
         return self.keys[layer], self.values[layer]
 
-    def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole buffers (B, K, S, D): the reader's mask hides positions >= end."""
-        return self.keys[layer], self.values[layer]
+    def read(self, layer: int, end: int) -> KV:
+        """The whole buffers (B, K, S, D) and their slots' positions: the reader's mask hides positions >= end."""
+        positions = self.slot_positions[0] if self.kinds[layer] == SLIDING else self.capacity  # (R,) or 0..S-1
+        return KV(self.keys[layer], self.values[layer], positions)
+
+    def key_positions(self) -> dict[str, int | torch.Tensor]:
+        """Layer type -> the positions of every slot a step reads (`layer_inputs`' keys)."""
+        return {FULL: self.capacity, SLIDING: self.slot_positions[0]}
 
 
-def static_inputs(c: TextConfig, positions: torch.Tensor, num_keys: int, dtype: torch.dtype,
+def static_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, int | torch.Tensor], dtype: torch.dtype,
                   freqs: dict[str, torch.Tensor], shift: int = 0) -> dict[str, LayerInputs]:
-    """`layer_inputs` over all num_keys slots: RoPE at positions (T,), masks (T, S) from positions alone, key_start 0.
-    shift 1 is the drafter's (its query at t sees keys 0..t-1, its sliding layers W_d + 1 of them: mtp §5)."""
-    keys = torch.arange(num_keys, device=positions.device)  # (S,)
+    """`layer_inputs` over every slot: RoPE at positions (T,), masks (T, S) from query and key positions alone
+    (keys[type]: n for 0..n-1, or a ring's slot positions). shift 1 is the drafter's (its query at t sees keys
+    0..t-1, its sliding layers W_d + 1 of them: mtp §5)."""
     out = {}
     for kind, f in freqs.items():
         window = c.sliding_window + shift if kind == SLIDING else None
-        mask = additive_mask(attention_mask(positions - shift, keys, window), dtype)  # (T, S)
+        k = torch.arange(keys[kind], device=positions.device) if isinstance(keys[kind], int) else keys[kind]  # (S,)
+        mask = additive_mask(attention_mask(positions - shift, k, window), dtype)  # (T, S)
         cos, sin = rope_cos_sin(positions, f, dtype)  # (T, 1, D) each
-        out[kind] = LayerInputs(cos, sin, mask, key_start=0)
+        out[kind] = LayerInputs(cos, sin, mask)
     return out
 
 
@@ -196,7 +217,8 @@ class StaticTarget:
         m = self.model
         x = m.embed(ids, self.scale)  # (B, T, E)
         ple = None if rows is None else m.per_layer_inputs(rows, x, self.ple_scale)  # (B, T, L, P)
-        inputs = static_inputs(self.config, positions, cache.capacity, x.dtype, self.freqs)
+        cache.place(positions)
+        inputs = static_inputs(self.config, positions, cache.key_positions(), x.dtype, self.freqs)
         hidden, _ = m.stack(x, ple, inputs, cache, positions)  # (B, T, E)
         return m.logits(hidden[:, hidden.shape[1] - num_logits:]), hidden  # (B, n, V)
 
@@ -258,22 +280,21 @@ class StaticDrafter:
         self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # position, token, hidden
 
     def forward(self, target: StaticTarget, token: torch.Tensor, hidden: torch.Tensor, position: torch.Tensor,
-                shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+                shared_kv: dict[str, KV]) -> tuple[torch.Tensor, torch.Tensor]:
         """One greedy draft step (mtp §4): token (1, 1), hidden (1, 1, E) at position (1,) over the target's buffers
         (1, K, S, D) -> the drafted token (1, 1) and the next hidden (1, 1, E)."""
-        num_keys = shared_kv[FULL][0].shape[2]
-        inputs = static_inputs(self.config.text, position, num_keys, hidden.dtype, self.freqs, shift=1)
+        keys = {kind: kv.positions for kind, kv in shared_kv.items()}
+        inputs = static_inputs(self.config.text, position, keys, hidden.dtype, self.freqs, shift=1)
         hn, h = self.drafter.step(target.embed(token), hidden, inputs, shared_kv)  # (1, 1, D), (1, 1, E)
         return self.drafter.greedy_token(hn[:, 0])[:, None], h
 
     @torch.inference_mode()
     def propose(self, target: StaticTarget, token: int, hidden: torch.Tensor, t: int,
-                shared_kv: dict[str, tuple[torch.Tensor, torch.Tensor]], k: int, sampler: SamplerConfig | None = None,
+                shared_kv: dict[str, KV], k: int, sampler: SamplerConfig | None = None,
                 ) -> tuple[list[int], torch.Tensor | None]:
         """Drafter.propose on the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides keys >= t."""
-        if sampler is not None:
-            views = {kind: (key[:, :, :t], value[:, :, :t]) for kind, (key, value) in shared_kv.items()}
-            return self.drafter.propose(target, token, hidden, t, views, k, sampler)
+        if sampler is not None:  # the same whole buffers: their positions mask them
+            return self.drafter.propose(target, token, hidden, t, shared_kv, k, sampler)
         if self.inputs is None:  # the same device tensors every round: (1,), (1, 1), (1, 1, E)
             self.inputs = (torch.empty(1, dtype=torch.long, device=self.device),
                            torch.empty(1, 1, dtype=torch.long, device=self.device),

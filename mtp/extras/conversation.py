@@ -6,11 +6,13 @@ a drafter, plain decoding (gemma4/generate.py) without; gemma4/ never imports mt
 
 - Rendering is the template's (gemma4/tokenizer.py `render`): earlier thoughts are dropped, so
   after a thinking turn the cache and the new rendering part at the thought's first token.
-- Prefix reuse: the cache keeps K/V by absolute position, every position of every layer (sliding
-  windows live in the mask), so keeping the first R positions is `cache.length = R`, for every
-  family. R is the longest common prefix of the new ids and `held` (the ids whose K/V the cache
-  holds: every committed token but the newest), and at most len(ids) - 1: the newest prompt token
-  must run, its logits choose the first reply token.
+- Prefix reuse: the cache keeps K/V by absolute position, so keeping the first R positions is
+  `cache.length = R`, for every family. R is the longest common prefix of the new ids and `held` (the
+  ids whose K/V the cache holds: every committed token but the newest), and at most len(ids) - 1: the
+  newest prompt token must run, its logits choose the first reply token. Sliding layers keep only a ring
+  of their window plus a slack (gemma4/cache.py): reuse is exact only while the ring still holds the
+  window before R (`KVCache.holds`). A turn that diverges further back (a thinking block dropped from
+  the history, long after it) is prefilled again from position 0, and `Reply.reused` says 0.
 - The drafter needs no reuse logic: it keeps no cache, and reads the target's K/V and the hidden
   of the newest position, both the turn's prefill's.
 - Keyed sampling draws position n's token from noise keyed by (seed, n), so a turn on a reused
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gemma4.cache import KVCache
+from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.generate import check_prompt, plain_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
@@ -78,7 +80,7 @@ class Conversation:
     def __init__(
         self, target: Gemma4Model, tokenizer: Gemma4Tokenizer, drafter: Drafter | None = None,
         system: str | None = None, think: bool = False, stop_ids: Sequence[int] = DEFAULT_STOP_IDS,
-        context: int | None = None,
+        context: int | None = None, prefill_chunk: int | None = None,
     ) -> None:
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         model_context = target.config.max_position_embeddings
@@ -87,7 +89,11 @@ class Conversation:
         self.empty_thought = needs_empty_thought(target.config, tokenizer.chat_template)
         self.draft_length = DraftLength(4)  # used when a turn passes none; a heuristic schedule carries over
         w = target.embed_tokens.weight
-        self.cache = KVCache(target.config, self.context, dtype=w.dtype, device=w.device, reserve=0)
+        self.prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk  # see gemma4/generate.py `prefill`
+        if self.prefill_chunk < 1:
+            raise ValueError(f"a prefill chunk holds at least 1 position, got {self.prefill_chunk}")
+        self.cache = KVCache(target.config, self.context, dtype=w.dtype, device=w.device, reserve=0,
+                             slack=ring_slack(self.prefill_chunk))
         self.held: list[int] = []  # ids whose K/V sit at positions 0..len-1 of the cache
         self.messages: list[Message] = []
         self.turn = 0
@@ -125,6 +131,8 @@ class Conversation:
             check_sampling(sampler, drafting)
         stops = () if ignore_eos else tuple(self.stop_ids if stop_ids is None else stop_ids)
         reused = min(common_prefix(ids, self.held), len(ids) - 1)
+        if not self.cache.holds(reused):  # the ring has moved past the window before `reused`: start over
+            reused = 0
         # From here on, whenever an exception falls, positions below min(cache.length, len(sequence))
         # hold the K/V of sequence = ids + the reply so far: the loops move `length` only past K/V
         # they wrote for it (a stop id may cut the last block short of `length`).
@@ -144,12 +152,13 @@ class Conversation:
             if self.drafter is not None:
                 result = speculative_generate(
                     self.target, self.drafter, ids, max_new_tokens, draft_length or self.draft_length, stops,
-                    sampler, drafting, on_commit=commit, cache=self.cache, reuse=reused)
+                    sampler, drafting, on_commit=commit, cache=self.cache, reuse=reused,
+                    prefill_chunk=self.prefill_chunk)
                 tokens, stats, finish_reason = result.tokens, result.stats, result.finish_reason
             else:
                 tokens, finish_reason = plain_generate(self.target, ids, max_new_tokens, sampler, stops,
                                                        on_token=lambda t: commit([t], [False]), cache=self.cache,
-                                                       reuse=reused)
+                                                       reuse=reused, prefill_chunk=self.prefill_chunk)
         except KeyboardInterrupt:
             tokens, finish_reason = shown, "interrupted"
         seconds = time.perf_counter() - start
