@@ -10,7 +10,7 @@
   of K + 1 rows). Every slot remembers the absolute position it holds (`slot_positions`, -2^40 while empty),
   so the one mask helper still compares query and key positions: a slot outside a query's window, a stale
   slot past the length and an empty one are all hidden by the same comparison. Why W + slack slots never lose
-  a key that a query still reads, the drafter's included: gemma4/README.md §14.
+  a key that a query still reads, the drafter's included: gemma4/README.md §15.
 - Only non-shared layers own buffers: KV-shared layers (and the MTP drafter) read the buffers of their
   source layer (`TextConfig.kv_source`).
 - `length` is the number of valid positions. The generation loop owns it: a forward writes K/V at the
@@ -30,7 +30,7 @@ import torch
 
 from gemma4.config import FULL, SLIDING, TextConfig
 
-PREFILL_CHUNK = 512  # positions a prefill runs in one forward unless told (gemma4/README.md §14)
+PREFILL_CHUNK = 512  # positions a prefill runs in one forward unless told (gemma4/README.md §15)
 MIN_SLACK = 64  # a ring always has room for a verify of 64 rows (63 drafts), whatever the prefill chunk
 EMPTY = -(2**40)  # the position of a slot never written: outside every query's window
 
@@ -99,7 +99,7 @@ class KVCache:
 
     def holds(self, n: int) -> bool:
         """Whether every key a query at position n or later may read is still in the cache once the length is
-        lowered to n: nothing ever wrapped, or no stale write since reached past n + slack (§14)."""
+        lowered to n: nothing ever wrapped, or no stale write since reached past n + slack (§15)."""
         return n == 0 or self.frontier <= max(self.ring, n + self.slack)
 
     def claim(self, start: int | torch.Tensor, t: int) -> Slots:
@@ -112,12 +112,14 @@ class KVCache:
         if isinstance(start, int):
             end, rows = start + t, None
             if start > self.length:
-                raise ValueError(f"write at position {start} would leave a hole: only {self.length} positions are valid")
+                raise ValueError(f"write at position {start} would leave a hole: only {self.length} positions are "
+                                 f"valid")
             positions = torch.arange(start, end, device=device)  # (T,)
         else:
             end, rows = int(start.max()) + t, torch.arange(len(start), device=device)[:, None]  # (B, 1)
             if bool((start > self.length).any()):
-                raise ValueError(f"writes at positions {start.tolist()} would leave a hole: {self.length.tolist()} are valid")
+                raise ValueError(f"writes at positions {start.tolist()} would leave a hole: {self.length.tolist()} "
+                                 f"are valid")
             positions = start[:, None] + torch.arange(t, device=device)  # (B, T)
         if end > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} positions; position {end - 1} does not fit")

@@ -307,8 +307,8 @@ class Gemma4Model(nn.Module):
         """input_ids (B, T) at positions start_pos..start_pos+T-1; per row when start_pos is a (B,) tensor.
 
         With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding
-        layers: what their ring holds of it); the caller moves `cache.length` afterwards. Without one, the forward is self-contained and
-        starts at position 0. `num_logits` limits the head to the last n positions (prefill needs 1;
+        layers: what their ring holds of it); the caller moves `cache.length` afterwards. Without one, the
+        forward is self-contained and starts at position 0. `num_logits` limits the head to the last n positions (prefill needs 1;
         0 computes none: a ragged batch takes each row's own with `logits`).
         """
         c = self.config

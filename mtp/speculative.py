@@ -113,15 +113,16 @@ def speculative_generate(
 
 
 def target_kv(cache: KVCache, model: Gemma4Model, t: int) -> dict[str, KV]:
-    """K/V of positions 0..t-1 of the target's last non-shared sliding and full layers, with the positions of their
-    slots: what the drafter reads (§3). A sliding layer's ring may also hold stale slots past t-1: the mask hides them."""
+    """K/V of positions 0..t-1 of the target's last non-shared sliding and full layers, with the positions of
+    their slots: what the drafter reads (§3). A sliding layer's ring may also hold stale slots past t-1: the mask
+    hides them."""
     c = model.config
     return {kind: cache.read(c.kv_source(kind), t) for kind in (SLIDING, FULL)}
 
 
 def check_windows(target: Gemma4Model, drafter: Drafter) -> None:
     """The target's sliding layers keep W + slack slots (gemma4/cache.py), which hold the W_d + 1 keys the
-    drafter reads only if W_d <= W (gemma4/README.md §14)."""
+    drafter reads only if W_d <= W (gemma4/README.md §15)."""
     w, w_d = target.config.sliding_window, drafter.config.text.sliding_window
     if w_d > w:
         raise ValueError(f"the assistant's sliding window ({w_d}) is wider than the target's ({w}): the target's "

@@ -32,8 +32,8 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
 
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
-        UsageError, add_model_options, check_values, compile_steps, guarded, load_assistant_from, load_target_from,
-        refuse, sampling_line,
+        UsageError, add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
+        load_target_from, refuse, sampling_line,
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
@@ -207,7 +207,9 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     model_context = target.model.config.max_position_embeddings
     context = min(model_context, context or (COMPILED_CONTEXT if flags.compile else model_context))
     say(chat_line(target, system, think, max_new_tokens, context))
-    compiled = compile_steps(target, assistant, context, say) if flags.compile else None
+    if flags.compile:  # a static cache holds every position from the start
+        check_cache_fits(target.model, context, flags.prefill_chunk)
+    compiled = compile_steps(target, assistant, context, say, flags.prefill_chunk) if flags.compile else None
     prompt = not json_output and source.isatty()
     if prompt:
         say(HELP)
@@ -216,7 +218,7 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
 
     model, drafter = ((compiled.target, compiled.drafter) if compiled else
                       (target.model, assistant and assistant.drafter))
-    conversation = Conversation(model, tokenizer, drafter, system, think, target.stops, context)
+    conversation = Conversation(model, tokenizer, drafter, system, think, target.stops, context, flags.prefill_chunk)
     if compiled:
         conversation.cache = compiled.cache
     session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say)

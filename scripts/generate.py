@@ -28,8 +28,8 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.batch import run_batch, split_prompts
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
-        add_model_options, check_values, compile_steps, guarded, load_assistant_from, load_target_from, refuse,
-        sampling_line,
+        add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
+        load_target_from, refuse, sampling_line,
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
@@ -111,17 +111,20 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         sampling = lambda row_seed: {"temperature": sampler.temperature, "top_k": sampler.top_k,  # noqa: E731
                                      "top_p": sampler.top_p, "seed": row_seed, "drafting": drafting}
         rows = [encode(p) if isinstance(p, str) else p for p in batch]
+        check_cache_fits(target.model, max(map(len, rows)) + max_new_tokens, flags.prefill_chunk, len(rows))
         result, text, totals = run_batch(
             model=target.model, drafter=drafter, draft_length=draft_length, rows=rows, max_new_tokens=max_new_tokens,
             stops=stops, sampler=sampler, drafting=drafting or "argmax", tokenizer=target.tokenizer,
             json_output=json_output, compare=compare, show_drafts=flags.show_drafts, row_stats=stats_json,
-            sampling_json=sampling)
+            sampling_json=sampling, prefill_chunk=flags.prefill_chunk)
         print(json.dumps(result) if json_output else text)
         say(totals)
         return 0
 
+    check_cache_fits(target.model, len(prompt_ids) + max_new_tokens, flags.prefill_chunk)  # before any work
     # --compile: the same loops on the compiled static-shape steps and a cache of the prompt and the budget.
-    compiled = compile_steps(target, assistant, len(prompt_ids) + max_new_tokens, say) if flags.compile else None
+    compiled = compile_steps(target, assistant, len(prompt_ids) + max_new_tokens, say,
+                             flags.prefill_chunk) if flags.compile else None
     model = compiled.target if compiled else target.model
     drafter, cache = (compiled.drafter, compiled.cache) if compiled else (drafter, None)
     sinks = text_sinks(flags.show_drafts, json_output, say)
@@ -136,11 +139,13 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     try:
         if drafter is not None:
             spec = speculative_generate(model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
-                                        sampler, drafting, on_commit=stream.commit, cache=cache)
+                                        sampler, drafting, on_commit=stream.commit, cache=cache,
+                                        prefill_chunk=flags.prefill_chunk)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         else:
             tokens, finish_reason = plain_generate(model, prompt_ids, max_new_tokens, sampler, stops,
-                                                   on_token=lambda t: stream.commit([t], [False]), cache=cache)
+                                                   on_token=lambda t: stream.commit([t], [False]), cache=cache,
+                                                   prefill_chunk=flags.prefill_chunk)
             stats = None
     except KeyboardInterrupt:
         stream.finish()
@@ -163,7 +168,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         say(f"running plain {'greedy decoding' if sampler.greedy else 'sampling, same seed,'} for --compare ...")
         start = time.perf_counter()
         try:
-            plain = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops, cache=cache)
+            plain = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops, cache=cache,
+                                    prefill_chunk=flags.prefill_chunk)
             plain_seconds = time.perf_counter() - start
             plain_rate = len(plain) / plain_seconds if plain_seconds else 0.0
             result["plain"] = {"tokens": plain, "seconds": plain_seconds, "tokens_per_second": plain_rate}

@@ -53,7 +53,7 @@ def prefill_rows(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]
     """Step 0 for every row: positions 0..P_b-1 in chunks of at most `chunk` positions (gemma4/generate.py
     `prefill`), every row in each forward, right-padded. A row whose prompt is done re-runs its last token
     (the same K/V again) rather than writing pads past it, so no forward writes more than `chunk` positions
-    past a row's length: the sliding layers' rings stay exact (gemma4/README.md §14).
+    past a row's length: the sliding layers' rings stay exact (gemma4/README.md §15).
     Returns each row's logits (B, V) and post-norm hidden (B, E) at its last prompt position."""
     device = cache.slot_positions.device
     chunk = min(PREFILL_CHUNK if chunk is None else chunk, cache.slack)

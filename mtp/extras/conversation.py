@@ -89,7 +89,7 @@ class Conversation:
         self.empty_thought = needs_empty_thought(target.config, tokenizer.chat_template)
         self.draft_length = DraftLength(4)  # used when a turn passes none; a heuristic schedule carries over
         w = target.embed_tokens.weight
-        self.prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk  # see gemma4/generate.py `prefill`
+        self.prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk  # gemma4/generate.py `prefill`
         if self.prefill_chunk < 1:
             raise ValueError(f"a prefill chunk holds at least 1 position, got {self.prefill_chunk}")
         self.cache = KVCache(target.config, self.context, dtype=w.dtype, device=w.device, reserve=0,

@@ -93,7 +93,7 @@ def run_batch(
     *, model: Gemma4Model, drafter: Drafter | None, draft_length: DraftSchedule | None, rows: list[list[int]],
     max_new_tokens: int, stops: list[int], sampler: SamplerConfig, drafting: str,
     tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool, show_drafts: bool,
-    row_stats: Callable[..., dict], sampling_json: Callable[[int], dict],
+    row_stats: Callable[..., dict], sampling_json: Callable[[int], dict], prefill_chunk: int | None = None,
 ) -> tuple[dict, str, str]:
     """Decode the rows as one batch; returns the --json object, and otherwise the rows' text (stdout)
     and the totals (stderr)."""
@@ -105,16 +105,17 @@ def run_batch(
     def batch() -> list[tuple[list[int], Any, str]]:
         if drafter is not None:
             out = speculative_generate_batch(model, drafter, rows, max_new_tokens, draft_length, stops, samplers,
-                                             drafting)
+                                             drafting, prefill_chunk)
             return [(r.tokens, r.stats, r.finish_reason) for r in out]
         return [(row.tokens, None, row.finish_reason)
-                for row in plain_generate_batch(model, rows, max_new_tokens, samplers, stops)]
+                for row in plain_generate_batch(model, rows, max_new_tokens, samplers, stops, prefill_chunk)]
 
     def one_after_another() -> list[list[int]]:
         if drafter is not None:
-            return [speculative_generate(model, drafter, ids, max_new_tokens, draft_length, stops, s,
-                                         drafting).tokens for ids, s in zip(rows, samplers)]
-        return [sample_generate(model, ids, max_new_tokens, s, stops) for ids, s in zip(rows, samplers)]
+            return [speculative_generate(model, drafter, ids, max_new_tokens, draft_length, stops, s, drafting,
+                                         prefill_chunk=prefill_chunk).tokens for ids, s in zip(rows, samplers)]
+        return [sample_generate(model, ids, max_new_tokens, s, stops, prefill_chunk=prefill_chunk)
+                for ids, s in zip(rows, samplers)]
 
     start = time.perf_counter()
     results = batch()

@@ -32,6 +32,7 @@ from typing import NoReturn
 
 import torch
 
+from gemma4.cache import PREFILL_CHUNK, cache_bytes, ring_slack
 from gemma4.config import ConfigError
 from gemma4.config_file import read_json
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
@@ -98,6 +99,7 @@ class ModelFlags:
     drafting: str | None
     show_drafts: bool
     compile: bool
+    prefill_chunk: int | None
 
     @classmethod
     def parsed(cls, args: argparse.Namespace) -> "ModelFlags":
@@ -145,6 +147,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="compile the decode step, the verify of K + 1 rows and the draft step (torch.compile, static "
                         "shapes, CUDA graphs on CUDA; other row counts and sample drafting run the same steps eager): "
                         "minutes of warm-up first, the same tokens (default: eager)")
+    p.add_argument("--prefill-chunk", metavar="C", type=int,
+                   help=f"run a prompt (a chat turn's new text) in forwards of at most C positions: a prefill's "
+                        f"memory then grows with the prompt only through the full layers' cache "
+                        f"(default: {PREFILL_CHUNK})")
     p.add_argument("--show-drafts", action="store_true",
                    help="mark the drafter's accepted tokens in the streamed text (green on a terminal, "
                         "else between ⟦ and ⟧)")
@@ -171,6 +177,8 @@ def check_values(a: ModelFlags) -> None:
         raise UsageError(f"--seed must be at least 0, got {a.seed}")
     if a.threads is not None and a.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {a.threads}")
+    if a.prefill_chunk is not None and a.prefill_chunk < 1:
+        raise UsageError(f"--prefill-chunk must be at least 1, got {a.prefill_chunk}")
     if a.no_assistant:
         for flag, value in (("--assistant", a.assistant), ("--num-assistant-tokens", a.num_assistant_tokens),
                             ("--schedule", a.schedule), ("--drafting", a.drafting),
@@ -349,9 +357,11 @@ class Compiled:
     seconds: float  # the warm-up: every step compiled (and recorded, on CUDA) before the run
 
 
-def compile_steps(target: Target, assistant: Assistant | None, capacity: int, say: Callable[[str], None]) -> Compiled:
-    """Wrap the loaded pair, size the static cache to `capacity` positions, compile the steps the run takes: a decode
-    (1 row) and, with an assistant, a verify of its K + 1 rows and the draft step."""
+def compile_steps(target: Target, assistant: Assistant | None, capacity: int, say: Callable[[str], None],
+                  prefill_chunk: int | None = None) -> Compiled:
+    """Wrap the loaded pair, size the static cache to `capacity` positions (its sliding rings to the prefill's
+    chunks), compile the steps the run takes: a decode (1 row) and, with an assistant, a verify of its K + 1 rows
+    and the draft step."""
     model = target.model
     k = assistant.draft_length.initial if assistant is not None else 0
     rows = tuple(t for t in (1, k + 1) if t <= capacity) if k else (1,)  # a verify never runs past the budget
@@ -363,7 +373,8 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
         prepare_to_compile(assistant.drafter, assistant.drafter.model.embed_tokens.weight)
         drafter = StaticDrafter(assistant.drafter, compile=True)
     w = model.embed_tokens.weight
-    cache = StaticKVCache(model.config, capacity, w.dtype, w.device)
+    cache = StaticKVCache(model.config, capacity, w.dtype, w.device,
+                          slack=ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk))
     static.warm_up(cache)
     if drafter is not None:
         drafter.warm_up(static, cache)
@@ -372,6 +383,33 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
     say(f"compile    {steps}{', draft' if drafter else ''} steps in {seconds:.1f} s (torch.compile"
         f"{', CUDA graphs' if static.cudagraphs else ''}); a static cache of {capacity} positions")
     return Compiled(static, drafter, cache, seconds)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a new allocation can take now: the GPU's free memory, or the host's MemAvailable (Linux); None if
+    this system does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def check_cache_fits(model: Gemma4Model, positions: int, prefill_chunk: int | None, rows: int = 1) -> None:
+    """Refuse, before any work, a run whose KV cache (`positions` per row, grown as it fills) cannot fit the memory
+    the loaded model leaves."""
+    w = model.embed_tokens.weight
+    needed = cache_bytes(model.config, positions, ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk),
+                         rows, w.dtype)
+    free = available_bytes(w.device)
+    if free is not None and needed > free:
+        raise PromptError(f"the KV cache of {positions} positions{f' x {rows} rows' if rows > 1 else ''} needs "
+                          f"{needed / 1e9:.2f} GB and {free / 1e9:.2f} GB are available: shorten the prompt or "
+                          f"--max-new-tokens")
 
 
 def sampling_line(target: Target, assistant: Assistant | None) -> str:
