@@ -366,6 +366,7 @@ ARGUMENT_CASES = {  # name -> (arguments after --target/--assistant, what the er
     "infinite temperature": (["--temperature", "inf"], "--temperature must be a finite number, at least 0 (0 is greedy), got inf"),
     "temperature nan": (["--temperature", "nan"], "--temperature must be a finite number, at least 0 (0 is greedy), got nan"),
     "threads below 1": (["--threads", "0"], "--threads must be at least 1, got 0"),
+    "prefill chunk below 1": (["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
     "top-p 0": (["--temperature", "1", "--top-p", "0"], "--top-p must be in (0, 1] (1 turns it off), got 0.0"),
     "top-p above 1": (["--temperature", "1", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
     "negative top-k": (["--temperature", "1", "--top-k", "-1"], "--top-k must be at least 0 (0 turns it off), got -1"),
