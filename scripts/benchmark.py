@@ -34,6 +34,10 @@ Sections (`--only a,b`):
   E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
 - `device` (scripts/bench/device.py), only when named: an accelerator checked end to end on random E2B and
   31B-layer and 26B-A4B-layer pairs (`--device cuda`; `--device-small` shrinks it for a CPU). Not part of the default run.
+- `context` (scripts/bench/context.py), only when named: K/V cache bytes of the released models at 8k-262k
+  positions, every position kept against the sliding layers' rings; peak RSS of a prefill on random E2B- and
+  31B-geometry targets, chunked against one forward; decode and speculative tokens/s after 1k-16k prompts
+  (`--context-small` shrinks it for the tests; `--context-before-max` caps the one-forward prefills).
 The demo section also counts host reads (scripts/bench/syncs.py) per plain decode step and speculative round.
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every
@@ -62,6 +66,7 @@ from typing import Any
 import torch
 
 from bench.batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section
+from bench.context import context_goals, context_section, context_table
 from bench.costs import MAX_K, bandwidth_section, cost_section  # noqa: F401 (MAX_K: the tests read it here)
 from bench.device import DEVICE_DIR, device_section, device_table
 from bench.memory import memory_section
@@ -79,7 +84,7 @@ from gemma4.fast import kernels_of
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate
 
 SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling", "schedule")
-ON_REQUEST = ("device",)  # run only when --only names them
+ON_REQUEST = ("device", "context")  # run only when --only names them
 DEMO = Path(__file__).resolve().parent / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -169,7 +174,8 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
 def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
          e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool,
          sampling_vocab: int = FULL_VOCAB, device: str = "cpu", device_dir: Path = DEVICE_DIR,
-         device_small: bool = False, device_compile: bool = False) -> dict:
+         device_small: bool = False, device_compile: bool = False, context_small: bool = False,
+         context_before_max: int | None = None) -> dict:
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {threads} torch threads, "
                                          f"torch {torch.__version__}, float32 unless stated"}
@@ -250,6 +256,10 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
         say(f"device: end-to-end checks on {device}{' (small)' if device_small else ''}")
         result["device"] = device_section(device, device_dir, device_small, tokens, reps,
                                           4 if device_small else copy_mib, device_compile, say)
+    if "context" in sections:  # scripts/bench/context.py
+        say(f"context: cache bytes, prefill peaks and decode speed{' (small)' if context_small else ''}")
+        result["context"] = context_section(e2b_dir, target_dir, assistant_dir, k or assistant_k(assistant_dir),
+                                            context_small, context_before_max, threads, timed, say)
     if clock.cuda and {"demo", "bench", "e2b", "bandwidth", "bf16"} & set(sections):
         skipped["packed products"] = f"oneDNN's packed weights: {ON_CPU_ONLY}"
     if skipped:
@@ -259,7 +269,8 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
         result["schedule"] = schedule_section(target_dir, assistant_dir, e2b_dir / "random_assistant",
                                               text_prompt(target_dir, DEMO_PROMPT, 24), tokens, max(reps, 3),
                                               k or assistant_k(assistant_dir), interleaved)
-    result["goals"] = goals(result) + batch_goal(result) + sampling_goals(result) + schedule_goals(result)
+    result["goals"] = (goals(result) + batch_goal(result) + sampling_goals(result) + schedule_goals(result)
+                       + context_goals(result))
     return result
 
 
@@ -297,6 +308,9 @@ if __name__ == "__main__":
     p.add_argument("--device-small", action="store_true", help="the device section at tiny sizes, for a CPU")
     p.add_argument("--device-compile", action="store_true", help="the device section also tries torch.compile "
                    "of a decode step (fails soft)")
+    p.add_argument("--context-small", action="store_true", help="the context section at tiny sizes, for the tests")
+    p.add_argument("--context-before-max", type=int, default=2048, help="the context section runs the one-forward "
+                   "prefill (quadratic in the prompt) only for prompts up to this many positions")
     a = p.parse_args()
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS + ON_REQUEST))
@@ -307,6 +321,7 @@ if __name__ == "__main__":
     out = main(sections=only, target_dir=a.target, assistant_dir=a.assistant, tokens=a.tokens, e2b_tokens=a.e2b_tokens,
                reps=a.reps, e2b_reps=a.e2b_reps, k=a.k, e2b_dir=a.e2b_dir, threads=a.threads, copy_mib=a.copy_mib,
                use_transformers=not a.no_transformers, sampling_vocab=a.sampling_vocab, device=a.device,
-               device_dir=a.device_dir, device_small=a.device_small, device_compile=a.device_compile)
+               device_dir=a.device_dir, device_small=a.device_small, device_compile=a.device_compile,
+               context_small=a.context_small, context_before_max=a.context_before_max)
     print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out) + device_table(out)
-          + "\n".join(schedule_lines(out.get("schedule"))))
+          + context_table(out) + "\n".join(schedule_lines(out.get("schedule"))))

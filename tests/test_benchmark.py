@@ -158,3 +158,41 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
     assert target.config.attention_k_eq_v and target.config.kv_heads == (2, 2, 2, 1)  # 31B's geometry, tiny
     printed = benchmark.device_table(result)
     assert "== device: cpu" in printed and "ERROR" not in printed and "speculative == plain greedy True" in printed
+
+
+def test_context_section_small(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """The context section (scripts/bench/context.py) at --context-small sizes: the cache bytes split into full
+    layers (every position) and sliding rings (flat past W + slack), a measured prefill on each geometry in both
+    ways, and decoding after long prompts in which speculative decoding gives the plain tokens."""
+    result = benchmark.main(sections=["context"], target_dir=pair[0], assistant_dir=pair[1], tokens=6, e2b_tokens=4,
+                            reps=1, e2b_reps=1, k=None, e2b_dir=tmp_path, threads=1, copy_mib=4,
+                            use_transformers=False, context_small=True)
+    c = json.loads(json.dumps(result))["context"]
+    cache = c["cache_bytes"]
+    assert set(cache["families"]) == {"E2B", "E4B", "12B", "26B-A4B", "31B"} and cache["slack"] == 512
+    for name, f in cache["families"].items():
+        full, ring = f["full_bytes_per_position"], f["sliding_bytes_per_slot"]
+        for key, n in f["lengths"].items():
+            assert f["before"][key] == (full + ring) * n, (name, key)
+            assert f["after"][key] == full * n + ring * min(n, f["ring_slots"]) <= f["before"][key], (name, key)
+        assert f["after"]["128k"] - f["after"]["32k"] == full * (131072 - 32768)  # the rings stay flat
+    big = cache["families"]["31B"]  # 10 full layers of 4 kv heads of 512, 50 sliding of 16 kv heads of 256: K and V
+    assert (big["full_bytes_per_position"], big["sliding_bytes_per_slot"], big["ring_slots"]) == (81920, 819200, 1536)
+    assert big["lengths"]["max"] == 262144 and cache["families"]["E2B"]["lengths"]["max"] == 131072
+    rss = c["prefill_rss"]
+    assert set(rss["geometries"]) == {"e2b", "31b"}
+    for name, g in rss["geometries"].items():
+        for n, run in g["runs"].items():
+            after, before = run["after"], run["before"]  # before: every position, after: a ring of 8 + 64
+            assert after["cache_bytes"] < before["cache_bytes"], (name, n)
+            assert len(after["tokens"]) == len(before["tokens"]) == rss["new_tokens"]
+            assert after["loaded_rss_bytes"] > 0 and after["seconds"] > 0
+    assert rss["goal"]["short"] < rss["goal"]["long"] and rss["goal"]["growth_bytes"]["before"] is not None
+    decode = c["decode"]
+    assert set(decode["contexts"]) == {"100", "300"} and decode["trained_context"] is not None
+    for x in decode["contexts"].values():
+        assert x["identical"] is True and x["speedup"] > 0 and 0 <= x["acceptance_rate"] <= 1
+    goal = next(g for g in result["goals"] if g["goal"].startswith("context: 31b prefill peak"))
+    assert goal["limit"] == 0.6 and goal["at_least"] is False
+    printed = benchmark.context_table(result)
+    assert "== context: K/V cache bytes" in printed and "236.223 / 22.733" in printed  # 31B at 262144 positions
