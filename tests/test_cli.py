@@ -146,7 +146,7 @@ def test_no_assistant_is_plain_decoding(pair: tuple[Path, Path], capsys: pytest.
 
 
 def test_a_12b_target_runs_and_refuses_media_tokens(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """The issue's first run: a 12B-layout file with --no-assistant, then with its assistant, the same tokens; an
+    """A 12B-layout file with --no-assistant, then with its assistant, the same tokens; an
     image token id in the prompt is one line and exit 2 (text only). The file's image id is moved into the tiny
     vocabulary so a prompt can hold it."""
     target = write_target(tmp_path / "target", "12b")
