@@ -40,20 +40,6 @@ def ring_slack(prefill_chunk: int) -> int:
     return max(prefill_chunk, MIN_SLACK)
 
 
-def cache_bytes(config: TextConfig, positions: int, slack: int = ring_slack(PREFILL_CHUNK), batch: int = 1,
-                dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes of the K/V buffers of a cache holding `positions` positions: what a KVCache of that capacity
-    allocates once full (its slot positions, 8 bytes a ring slot, not counted). slack >= positions gives the
-    cache that keeps every position of every layer."""
-    ring = min(positions, config.sliding_window + slack)
-    size = dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size()
-    total = 0
-    for i in range(config.first_shared_layer):
-        slots = ring if config.layer_types[i] == SLIDING else positions
-        total += 2 * batch * config.kv_heads[i] * slots * config.head_dims[i] * size  # K and V
-    return total
-
-
 class Slots(NamedTuple):
     """Where one forward writes and which keys its layers read: made once per forward by `KVCache.claim`."""
     start: int | None  # every row writes positions start..end-1 (None: each row at its own, `rows`)

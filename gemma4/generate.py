@@ -1,24 +1,34 @@
-"""Plain decoding with the KV cache (greedy and sampling), and a cache-free reference decoder for tests.
+"""Plain decoding with the KV cache, greedy and sampling, for one prompt or many: one loop, every row its own run.
 
 Greedy is an explicit argmax (first index of the maximum on ties) of the softcapped logits.
 Sampling warps the same logits and draws the token at position n with noise keyed by (seed, n)
 (gemma4/sampling.py); the first token after the prefill is sampled like every other.
-The loop owns the position: it passes `start_pos` to every forward and moves `cache.length`.
-A conversation hands the loops its own cache holding the K/V of the prompt's first `reuse` ids
+The loop owns the positions: it passes `start_pos` to every forward and moves `cache.length`.
+A conversation hands the loop its own cache holding the K/V of the prompt's first `reuse` ids
 (the prefix it shares with the previous turn): only the rest is prefilled (`prefill`).
+
+Many prompts (mtp/README.md §12): every row keeps its own positions from 0, no left padding, no shared offset.
+- One row: its position is an int. Several: `cache.length` and each forward's `start_pos` are (B,) tensors, and
+  RoPE, masks and cache writes follow each row's own positions (gemma4/model.py).
+- Ragged prompts are prefilled together, right-padded: a row's pad tokens sit at positions after its prompt,
+  where its cache slots are stale (the causal mask hides them, the row's next writes overwrite them).
+- A row that chooses a stop id or spends its budget leaves (`cache.keep`); it never stops another.
+- Row b chooses every token as its run alone would (`choose`, its own sampler), at its own positions, so its
+  tokens are its solo run's (float32; a batched forward only reduces in another order, ~1e-6 relative).
+
+Shape legend: B rows still running, T new tokens per row, V vocab, E hidden.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 
 from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.model import Gemma4Model, ModelOutput
-from gemma4.sampling import TOKEN_STREAM, Candidates, SamplerConfig, candidates, sample
+from gemma4.sampling import TOKEN_STREAM, SamplerConfig, sample
 
-# Chooses the token at absolute position n from the logits (1, V) of position n - 1.
-Chooser = Callable[[torch.Tensor, int], int]
+PAD = 0  # <pad>: any id would do, a pad's K/V lands in stale slots only
 
 
 class PromptError(ValueError):
@@ -46,36 +56,61 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
         )
 
 
-def prefill(model: Gemma4Model, prompt: list[int], max_new_tokens: int, cache: KVCache | None,
-            reuse: int, chunk: int | None = None) -> tuple[KVCache, ModelOutput]:
-    """Write the prompt's K/V and return the output of its last position.
+def per_row(budgets: int | Sequence[int], stop_ids: Sequence[int] | Sequence[Sequence[int]], rows: int
+            ) -> tuple[list[int], list[tuple[int, ...]]]:
+    """One budget and one stop-id list for every row: given once for all rows, or one per row."""
+    budgets = [budgets] * rows if isinstance(budgets, int) else list(budgets)
+    stops = [tuple(s) for s in stop_ids] if stop_ids and not isinstance(stop_ids[0], int) else [tuple(stop_ids)] * rows
+    if not rows or len(budgets) != rows or len(stops) != rows:
+        raise ValueError(f"{rows} prompts need {rows} budgets and stop-id lists (at least one), got {len(budgets)} "
+                         f"and {len(stops)}")
+    return budgets, stops
 
-    Without a cache, a new one sized for the call, its sliding layers' slack fitting `chunk`. With one, its
-    positions 0..reuse-1 must hold the K/V of prompt[:reuse] (the caller's promise; `KVCache.holds` says whether
-    the sliding layers' rings still do): they are kept and only prompt[reuse:] runs. K/V depend only on the ids
-    before them, so the result is the full prefill's. The prompt runs in chunks of at most `chunk` positions
-    (PREFILL_CHUNK, and never more than the cache's slack): each chunk's queries read the K/V the earlier
-    chunks wrote, so the extra memory of a prefill grows with the prompt only through the full layers' cache.
+
+def row_positions(values: list[int], device: torch.device) -> int | torch.Tensor:
+    """A cache length or start position: an int for one row, a (B,) tensor for several (each row's own)."""
+    return values[0] if len(values) == 1 else torch.tensor(values, device=device)
+
+
+def new_cache(model: Gemma4Model, rows: int, capacity: int, chunk: int | None) -> KVCache:
+    """A cache for `rows` rows of up to `capacity` positions, its sliding layers' slack fitting the prefill chunks."""
+    w = model.embed_tokens.weight
+    return KVCache(model.config, capacity, batch=rows, dtype=w.dtype, device=w.device,
+                   slack=ring_slack(PREFILL_CHUNK if chunk is None else chunk))
+
+
+def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], reuse: int = 0,
+            chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 0: write every row's prompt K/V; return each row's logits (B, V) and post-norm hidden (B, E) at its
+    last prompt position, and leave `cache.length` at the prompts' lengths.
+
+    `reuse` (one row): the cache's positions 0..reuse-1 already hold the K/V of prompt[:reuse] (the caller's
+    promise; `KVCache.holds` says whether the sliding layers' rings still do): only prompt[reuse:] runs. K/V
+    depend only on the ids before them, so the result is the full prefill's. The prompts run in chunks of at
+    most `chunk` positions (PREFILL_CHUNK, and never more than the cache's slack), every row in each forward,
+    right-padded: each chunk's queries read the K/V the earlier chunks wrote, so the extra memory of a prefill
+    grows with the prompt only through the full layers' cache. A row whose prompt is done re-runs its last
+    token (the same K/V again) rather than writing pads past it, so no forward writes more than `chunk`
+    positions past a row's length: the rings stay exact (gemma4/README.md §15).
     """
     chunk = PREFILL_CHUNK if chunk is None else chunk
     if chunk < 1:
         raise ValueError(f"a prefill chunk holds at least 1 position, got {chunk}")
-    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
-    if cache is None:
-        context = model.config.max_position_embeddings
-        cache = KVCache(model.config, min(len(prompt) + max_new_tokens, context), dtype=dtype, device=device,
-                        slack=ring_slack(chunk))
-    if not 0 <= reuse < len(prompt):  # the newest prompt token must run: its logits choose the first new one
-        raise ValueError(f"reuse must be in 0..{len(prompt) - 1}, got {reuse}")
+    if not 0 <= reuse < len(prompts[0]) or (reuse and len(prompts) > 1):  # the newest token must run: its logits
+        raise ValueError(f"reuse must be in 0..{len(prompts[0]) - 1}, one row only, got {reuse}")  # choose the next
     if not cache.holds(reuse):
         raise ValueError(f"the cache no longer holds the sliding window before position {reuse}: prefill from 0")
-    chunk = min(chunk, cache.slack)
-    for start in range(reuse, len(prompt), chunk):
-        cache.length = start  # positions 0..start-1 hold the prompt's K/V
-        ids = prompt[start:start + chunk]
-        out = model.run(torch.tensor([ids]), cache, start_pos=start, num_logits=1)  # (1, T) host ids
-    cache.length = len(prompt)
-    return cache, out
+    device, chunk, lengths = cache.slot_positions.device, min(chunk, cache.slack), [len(p) for p in prompts]
+    for first in range(reuse, max(lengths), chunk):
+        t = min(chunk, max(lengths) - first)
+        starts = [min(first, n - 1) for n in lengths]
+        ids = torch.tensor([p[s:s + t] + [PAD] * (t - len(p[s:s + t])) for p, s in zip(prompts, starts)])  # (B, T)
+        cache.length = row_positions(starts, device)  # positions 0..s_b-1 hold row b's prompt
+        out = model.run(ids, cache, start_pos=cache.length, num_logits=0)  # host ids
+    cache.length = row_positions(lengths, device)  # the pads are stale
+    rows = torch.arange(len(prompts), device=out.hidden.device)
+    last = out.hidden[rows, torch.tensor([n - 1 - s for n, s in zip(lengths, starts)], device=out.hidden.device)]
+    return model.logits(last), last  # (B, V), (B, E)
 
 
 def finish_reason(seq: list[int], prompt_len: int, max_new_tokens: int, stop_ids: list[int] | tuple[int, ...],
@@ -93,46 +128,63 @@ class Generated(NamedTuple):
     finish_reason: str  # "stop" or "length" (the budget, or the model's context)
 
 
-def greedy_choice(logits: torch.Tensor, position: int) -> int:
-    return int(logits[0].argmax())
-
-
-def sampler_choice(sampler: SamplerConfig, rows: Candidates = candidates) -> Chooser:
-    def choose(logits: torch.Tensor, position: int) -> int:
-        return sample(logits, sampler, TOKEN_STREAM, [position], rows)[0]
-    return choose
+def choose(logits: torch.Tensor, sampler: SamplerConfig | None, position: int) -> int:
+    """The token at absolute `position` from the logits (1, V) of the position before: the argmax without a
+    sampler, else the keyed sample there. Every committed token of every loop is chosen here."""
+    return int(logits[0].argmax()) if sampler is None else sample(logits, sampler, TOKEN_STREAM, [position])[0]
 
 
 @torch.inference_mode()
 def decode(
-    model: Gemma4Model, prompt: list[int], max_new_tokens: int, choose: Chooser,
-    stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
-    cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
-) -> Generated:
-    """The plain cached loop: prefill, then one forward per token; `choose` picks each token.
-    `cache`, `reuse`: a cache already holding prompt[:reuse]; `prefill_chunk`: see `prefill`."""
-    check_prompt(model, prompt, max_new_tokens)
+    model: Gemma4Model, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
+    samplers: Sequence[SamplerConfig | None] | None = None, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+    on_token: Callable[[int, int], None] | None = None, cache: KVCache | None = None, reuse: int = 0,
+    prefill_chunk: int | None = None,
+) -> list[Generated]:
+    """The plain cached loop: prefill, then one forward per token for every row still running. Row b's new
+    tokens, ending with its first stop id (kept) or after its budget, and why they ended.
+    `samplers[b]`: row b's (None or temperature 0: greedy); budgets and stop ids once for all rows or one per
+    row; `on_token(b, token)` sees each token as it is chosen (for streaming); `cache`, `reuse`: one row's cache
+    already holding prompt[:reuse]; `prefill_chunk`: see `prefill`."""
+    budgets, stops = per_row(max_new_tokens, stop_ids, len(prompts))
+    for prompt, budget in zip(prompts, budgets):
+        check_prompt(model, prompt, budget)
+    samplers = [None if s is None or s.greedy else s for s in samplers or [None] * len(prompts)]
     context = model.config.max_position_embeddings
-    cache, out = prefill(model, prompt, max_new_tokens, cache, reuse, prefill_chunk)
-    seq = list(prompt)
+    if cache is None:
+        cache = new_cache(model, len(prompts), max(min(len(p) + n, context) for p, n in zip(prompts, budgets)),
+                          prefill_chunk)
+    logits, _ = prefill(model, cache, prompts, reuse, prefill_chunk)  # (B, V)
+    seqs, results = [list(p) for p in prompts], [None] * len(prompts)
+    rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:
-        seq.append(choose(out.logits[0, -1:], cache.length))  # the token at position cache.length
-        if on_token:
-            on_token(seq[-1])
-        if reason := finish_reason(seq, len(prompt), max_new_tokens, stop_ids, context):
-            return Generated(seq[len(prompt):], reason)
-        out = model.run(torch.tensor([seq[-1:]]), cache, start_pos=cache.length)  # the token from the host
-        cache.length += 1
+        going = []
+        for i, b in enumerate(rows):  # row b's token at its own position len(seqs[b])
+            seqs[b].append(choose(logits[i:i + 1], samplers[b], len(seqs[b])))
+            if on_token:
+                on_token(b, seqs[b][-1])
+            if reason := finish_reason(seqs[b], len(prompts[b]), budgets[b], stops[b], context):
+                results[b] = Generated(seqs[b][len(prompts[b]):], reason)
+            else:
+                going.append(i)
+        if not going:
+            return results
+        if len(going) < len(rows):  # finished rows leave: the others' positions do not move
+            cache.keep(going)
+            rows = [rows[i] for i in going]
+        ids = torch.tensor([seqs[b][-1:] for b in rows])  # (B, 1) from the host
+        logits = model.run(ids, cache, start_pos=cache.length).logits[:, -1]  # (B, V)
+        cache.length = cache.length + 1
 
 
 def greedy_generate(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: list[int] | tuple[int, ...] = (),
     on_token: Callable[[int], None] | None = None, prefill_chunk: int | None = None,
 ) -> list[int]:
-    """New tokens, ending with the first stop id (kept) or after max_new_tokens.
+    """New tokens, ending with the first stop id (kept) or after max_new_tokens: `decode` of one row, greedy.
     `on_token` sees each token as it is chosen (for streaming); `prefill_chunk`: see `prefill`."""
-    return decode(model, prompt, max_new_tokens, greedy_choice, stop_ids, on_token,
-                  prefill_chunk=prefill_chunk).tokens
+    return sample_generate(model, prompt, max_new_tokens, SamplerConfig(temperature=0), stop_ids, on_token,
+                           prefill_chunk=prefill_chunk)
 
 
 def sample_generate(
@@ -142,30 +194,5 @@ def sample_generate(
 ) -> list[int]:
     """Like greedy_generate, each token drawn from the warped distribution with keyed noise:
     the same seed gives the same tokens. Temperature 0 is greedy_generate itself."""
-    return plain_generate(model, prompt, max_new_tokens, sampler, stop_ids, on_token, cache, reuse,
-                          prefill_chunk).tokens
-
-
-def plain_generate(
-    model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig,
-    stop_ids: list[int] | tuple[int, ...] = (), on_token: Callable[[int], None] | None = None,
-    cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
-) -> Generated:
-    """sample_generate's tokens with the reason they ended, as speculative_generate returns them."""
-    choose = greedy_choice if sampler.greedy else sampler_choice(sampler, model.sampler_candidates)
-    return decode(model, prompt, max_new_tokens, choose, stop_ids, on_token, cache, reuse, prefill_chunk)
-
-
-@torch.inference_mode()
-def reference_greedy(
-    model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: list[int] | tuple[int, ...] = (),
-) -> list[int]:
-    """Obviously correct and slow: recompute the whole sequence for every new token, no cache."""
-    seq = list(prompt)
-    device = model.embed_tokens.weight.device
-    for _ in range(max_new_tokens):
-        token = int(model(torch.tensor([seq], device=device))[0, -1].argmax())
-        seq.append(token)
-        if token in stop_ids:
-            break
-    return seq[len(prompt):]
+    each = None if on_token is None else lambda _, token: on_token(token)
+    return decode(model, [prompt], max_new_tokens, [sampler], stop_ids, each, cache, reuse, prefill_chunk)[0].tokens

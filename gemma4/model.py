@@ -11,8 +11,7 @@ Design: gemma4/README.md (cited as §n). Facts a reader must know:
   (26B-A4B) runs beside the dense MLP, not instead of it (§10).
 - A batch of rows may sit at different positions (mtp/README.md §12): `start_pos` is then a (B,) tensor,
   and RoPE, masks and cache writes are per row.
-- Every projection is a plain `nn.Linear` without bias. The loaders may swap some modules for faster ones
-  after loading (gemma4/fast/): the same numbers, this file's math.
+- Every projection is a plain `nn.Linear` without bias.
 
 Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim,
 E hidden size, V vocab, L layers, P PLE width.
@@ -29,7 +28,6 @@ from gemma4.cache import KV, KVCache, Slots
 from gemma4.config import SLIDING, RopeConfig, TextConfig
 from gemma4.moe import Experts, Router
 from gemma4.norms import RMSNorm, gelu, rms_norm
-from gemma4.sampling import Candidates, candidates
 
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
@@ -97,34 +95,27 @@ class LayerInputs(NamedTuple):
     """What every layer of one type needs for one forward, computed once per type."""
     cos: torch.Tensor  # (T, 1, D), per row (B, T, 1, D)
     sin: torch.Tensor  # the same shape, signed: see apply_rope
-    mask: torch.Tensor | None  # (T, S) or (B, 1, T, S) additive over the keys read; None: all visible
+    mask: torch.Tensor  # (T, S) or (B, 1, T, S) additive over the keys read
 
 
 def layer_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, int | torch.Tensor], dtype: torch.dtype,
-                 shift: int = 0, first: int | None = None) -> dict[str, LayerInputs]:
+                 shift: int = 0) -> dict[str, LayerInputs]:
     """RoPE at `positions` ((T,), or (B, T) per row) and masks over the keys each layer type reads, once per type:
     keys[type] is n (positions 0..n-1) or the positions of the slots read ((S,) or (B, S): a sliding ring).
     The target's queries see keys up to their own position (shift 0). The drafter passes shift 1: its query
-    at t sees the target's keys 0..t-1, and its sliding layers one key more than the target's (mtp §5).
-    `first`: the smallest position, where the caller knows it (reading it from the device waits for it)."""
+    at t sees the target's keys 0..t-1, and its sliding layers one key more than the target's (mtp §5)."""
     out = {}
     for kind in set(c.layer_types):
         window = c.sliding_window + shift if kind == SLIDING else None
-        k = keys[kind]
-        if isinstance(k, int):  # keys 0..n-1
-            # One query at n-1 that sees every key (a decode or draft step before any window): no mask at all.
-            single = positions.numel() == 1 and k == (int(positions.min()) if first is None else first) - shift + 1
-            mask = None if single and (window is None or k <= window) else additive_mask(
-                attention_mask(positions - shift, torch.arange(k, device=positions.device), window), dtype)  # (T, S)
-        else:  # a ring's slots, by their positions
-            mask = additive_mask(attention_mask(positions - shift, k, window), dtype)  # (T, S) or (B, 1, T, S)
+        k = torch.arange(keys[kind], device=positions.device) if isinstance(keys[kind], int) else keys[kind]
+        mask = additive_mask(attention_mask(positions - shift, k, window), dtype)  # (T, S) or (B, 1, T, S)
         head_dim = c.head_dims[c.layer_types.index(kind)]
         cos, sin = rope_cos_sin(positions, rope_frequencies(c.rope[kind], head_dim, positions.device), dtype)
         out[kind] = LayerInputs(cos, sin, mask)
     return out
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """q (B, T, H, D), k/v (B, K, S, D), mask (T, S) or (B, 1, T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
     return out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
@@ -167,7 +158,7 @@ class Attention(nn.Module):
         return q, k.transpose(1, 2), v.transpose(1, 2)  # (B, T, H, D), (B, K, T, D) x 2
 
     def forward(
-        self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, slots: Slots | torch.Tensor | None,
+        self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, slots: Slots | None,
         shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x (B, T, E) -> (B, T, E), and the K/V this layer read: every slot its cache holds for it (without a
@@ -223,7 +214,7 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, h: torch.Tensor, inp: LayerInputs, ple: torch.Tensor | None, cache: KVCache | None,
-        slots: Slots | torch.Tensor | None, shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
+        slots: Slots | None, shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """h (B, T, E) -> (B, T, E); ple (B, T, P) or None."""
         a, kv = self.self_attn(self.input_layernorm(h), inp, cache, slots, shared_kv)
@@ -269,29 +260,27 @@ class Gemma4Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(e, config.rms_norm_eps)
         self.head = TiedHead()
-        self.sampler_candidates: Candidates = candidates  # how a sampler warps its rows (gemma4/sampling.py)
         if config.ple_dim:
             vp, lp = config.ple_vocab_size, config.num_layers * config.ple_dim
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))
             self.per_layer_model_projection = linear(e, lp)
             self.per_layer_projection_norm = RMSNorm(config.ple_dim, config.rms_norm_eps)
 
-    def embed(self, ids: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp/README.md §4).
-        `scale`: embed_scale's value, made once by a caller that cannot compute it per call (a compiled step)."""
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp/README.md §4)."""
         w = self.embed_tokens.weight
-        return F.embedding(ids, w) * (embed_scale(self.config.hidden_size, w.dtype) if scale is None else scale)
+        return F.embedding(ids, w) * embed_scale(self.config.hidden_size, w.dtype)
 
     def per_layer_rows(self, ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """§12's token part, unscaled: ids (B, T) -> the PLE table's rows (B, T, L*P) on `like`'s device, in its dtype."""
+        """§12's token part: ids (B, T) -> the PLE table's rows, scaled, (B, T, L*P) on `like`'s device, in its dtype."""
         # The table stays in host memory in the file's dtype (weights.py): rows looked up there, then moved and cast.
         table = self.embed_tokens_per_layer.weight
-        return F.embedding(ids.to(table.device), table).to(like.device, like.dtype, non_blocking=True)
+        rows = F.embedding(ids.to(table.device), table).to(like.device, like.dtype, non_blocking=True)
+        return rows * embed_scale(self.config.ple_dim, like.dtype)
 
-    def per_layer_inputs(self, rows: torch.Tensor, x0: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-        """§12: the table's rows (B, T, L*P) and the scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
+    def per_layer_inputs(self, tok: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """§12: the scaled table rows (B, T, L*P) and the scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
         c = self.config
-        tok = rows * (embed_scale(c.ple_dim, x0.dtype) if scale is None else scale)
         ctx = self.per_layer_model_projection(x0) * c.hidden_size**-0.5  # (B, T, L*P)
         ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
         return (ctx + tok.unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
@@ -323,7 +312,7 @@ class Gemma4Model(nn.Module):
         else:  # where the K/V go (per row when start_pos is a tensor) and which keys each type reads, once
             slots = cache.claim(start_pos, t)
             positions, keys = slots.positions, slots.keys  # (T,) or (B, T)
-        inputs = layer_inputs(c, positions, keys, x.dtype, first=start_pos if isinstance(start_pos, int) else None)
+        inputs = layer_inputs(c, positions, keys, x.dtype)
         hidden, source_kv = self.stack(x, ple, inputs, cache, slots)
         n = t if num_logits is None else num_logits
         shared_kv = {kind: KV(k, v, keys[kind]) for kind, (k, v) in source_kv.items()}
@@ -331,11 +320,10 @@ class Gemma4Model(nn.Module):
 
     def stack(
         self, x: torch.Tensor, ple: torch.Tensor | None, inputs: dict[str, LayerInputs], cache: KVCache | None,
-        slots: Slots | torch.Tensor | None,
+        slots: Slots | None,
     ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """The layers and the final norm: x (B, T, E), ple (B, T, L, P) or None -> hidden (B, T, E) and
-        type -> the K/V of kv_source(type). `slots`: where the K/V go (KVCache.claim's, or a compiled step's device
-        positions, gemma4/fast/static.py; None without a cache)."""
+        type -> the K/V of kv_source(type). `slots`: where the K/V go (KVCache.claim's; None without a cache)."""
         ples = [None] * self.config.num_layers if ple is None else ple.unbind(dim=2)  # L x (B, T, P)
         source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
         h = x

@@ -6,10 +6,10 @@ Facts a reader must know:
   removes the tokens whose ascending cumulative probability is <= 1 - top_p and always keeps the most
   likely one (equal logits in id order, as a stable sort puts them: the higher ids are kept first).
 - A row is warped into its *candidates*: the ids that can still be drawn, and their probabilities
-  (a token removed by top-k/top-p, or -inf like the centroid head's filler, is not one). Here the whole
-  row is divided, masked, sorted and soft-maxed (`warp_row`); the speed layer finds the same candidates
-  touching only the tokens at or above the k-th logit (gemma4/fast/sampling.py), and a model carries the
-  way it uses as `sampler_candidates`. `warp` scatters the candidates back into (N, V).
+  (a token removed by top-k/top-p, or -inf like the centroid head's filler, is not one). `warp_row` is the rule
+  on the whole row; `candidates` applies it to the k largest logits alone when top-k is set (every other token
+  has probability 0 anyway), so a 262k-token row is sorted and soft-maxed only without top-k. `warp` scatters
+  the candidates back into (N, V).
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then
   sends every other token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as
   its limit, the argmax.
@@ -25,8 +25,8 @@ Facts a reader must know:
 Shape legend: N rows (positions), V vocab, M candidates of one row.
 """
 
+import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -79,22 +79,22 @@ def warp_row(x: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
 
 
 def candidates(logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row of logits (V,) -> its candidates: ids (M,) ascending with probability > 0, and those (M,)."""
-    probs = warp_row(logits, cfg)
-    ids = probs.nonzero().flatten()
-    return ids, probs[ids]
+    """One row of logits (V,) -> its candidates: ids (M,) ascending with probability > 0, and those (M,).
+    With top-k, only the logits >= the k-th largest can be drawn: `warp_row` runs on them alone (their maximum,
+    order and top-p sums are the whole row's: the others would add probability 0)."""
+    ids = torch.arange(logits.shape[0], device=logits.device)  # (V,)
+    if 0 < cfg.top_k < logits.shape[0]:
+        ids = (logits >= logits.topk(cfg.top_k).values[-1]).nonzero().flatten()  # (M,) ties at the k-th stay
+    probs = warp_row(logits[ids], dataclasses.replace(cfg, top_k=0))  # (M,)
+    kept = probs.nonzero().flatten()
+    return ids[kept], probs[kept]
 
 
-# A model's way to find a row's candidates: `candidates` above, or the speed layer's, which gives the same
-# tokens without sorting the row (gemma4/fast/sampling.py). A model carries its own as `sampler_candidates`.
-Candidates = Callable[[torch.Tensor, SamplerConfig], tuple[torch.Tensor, torch.Tensor]]
-
-
-def warp(logits: torch.Tensor, cfg: SamplerConfig, rows: Candidates = candidates) -> torch.Tensor:
+def warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
     """logits (N, V) -> probabilities (N, V) in fp32: each row's candidates, 0 everywhere else."""
     out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)  # (N, V)
     for row, x in zip(out, logits):
-        ids, probs = rows(x, cfg)
+        ids, probs = candidates(x, cfg)
         row[ids] = probs
     return out
 
@@ -154,10 +154,9 @@ def keyed_choice(ids: torch.Tensor, weights: torch.Tensor, seed: int, stream: in
     return int(ids[score.max(dim=0).indices])
 
 
-def sample(logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int],
-           rows: Candidates = candidates) -> list[int]:
+def sample(logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int]) -> list[int]:
     """logits (N, V), row i the token at positions[i] -> N tokens: warp and draw, candidates only."""
-    return [keyed_choice(*rows(x, cfg), cfg.seed, stream, n) for x, n in zip(logits, positions)]
+    return [keyed_choice(*candidates(x, cfg), cfg.seed, stream, n) for x, n in zip(logits, positions)]
 
 
 def keyed_sample(probs: torch.Tensor, seed: int, stream: int, positions: list[int]) -> list[int]:

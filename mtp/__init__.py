@@ -1,11 +1,10 @@
 """Gemma 4 Multi-Token-Prediction drafter and the hand-written speculative decoding loop."""
 
 from mtp.drafter import Drafter, DrafterConfig
-from mtp.extras.batch import speculative_generate_batch
 from mtp.extras.conversation import ContextFull, Conversation, Reply
 from mtp.loading import check_pair, load_drafter
 from mtp.schedule import SCHEDULES, DraftLength
-from mtp.speculative import speculative_generate
+from mtp.speculative import speculative_generate, speculative_generate_batch
 from mtp.stats import SpecResult, SpecStats
 
 __all__ = [

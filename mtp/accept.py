@@ -1,4 +1,4 @@
-"""Step 4 of a round: which drafts the target keeps, and the token it commits after them; and the first token.
+"""Step 4 of a round: which drafts the target keeps, and the token it commits after them.
 
 Each rule gets the drafts d_1..d_K and the verify's logits rows 0..K (row i: the token at position t+1+i) and
 returns (a, the token committed after the a accepted drafts: the correction, or the bonus if all were kept).
@@ -12,27 +12,18 @@ Every draw is keyed by (seed, stream, position) alone (gemma4/sampling.py), neve
 
 import torch
 
-from gemma4.sampling import (
-    TOKEN_STREAM, ACCEPT_STREAM, Candidates, SamplerConfig, candidates, keyed_choice, keyed_uniform, sample,
-)
+from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, SamplerConfig, candidates, keyed_choice, keyed_uniform, sample
 
 
-def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int, q: torch.Tensor | None,
-           rows: Candidates = candidates) -> tuple[int, int]:
+def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int, q: torch.Tensor | None
+           ) -> tuple[int, int]:
     """The rule of this run: greedy without a sampler; the rejection rule with the drafter's q (K, V) (sample
-    drafting); keyed samples otherwise. logits (K+1, V) of positions t+1..t+K+1; `rows`: the target's
-    `sampler_candidates`."""
+    drafting); keyed samples otherwise. logits (K+1, V) of positions t+1..t+K+1."""
     if sampler is None:
         return accept_greedy(drafts, logits)
     if q is not None and drafts:
-        return accept_rejection(drafts, q, logits, sampler, t, rows)
-    return accept_keyed(drafts, logits, sampler, t, rows)
-
-
-def first_token(logits: torch.Tensor, sampler: SamplerConfig | None, position: int, rows: Candidates = candidates
-                ) -> int:
-    """The token at `position` from the prefill's last logits (1, V): chosen like every other committed token."""
-    return int(logits[0].argmax()) if sampler is None else sample(logits, sampler, TOKEN_STREAM, [position], rows)[0]
+        return accept_rejection(drafts, q, logits, sampler, t)
+    return accept_keyed(drafts, logits, sampler, t)
 
 
 def cut_at_stop(block: list[int], stop_ids: list[int] | tuple[int, ...]) -> list[int]:
@@ -51,25 +42,24 @@ def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
     return a, greedy[a]
 
 
-def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int, rows: Candidates
-                 ) -> tuple[int, int]:
+def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
     """Rows past the first mismatch are never warped or drawn: their tokens would be discarded."""
     for i in range(len(drafts) + 1):
-        g = sample(logits[i:i + 1], sampler, TOKEN_STREAM, [t + 1 + i], rows)[0]
+        g = sample(logits[i:i + 1], sampler, TOKEN_STREAM, [t + 1 + i])[0]
         if i == len(drafts) or drafts[i] != g:
             return i, g
 
 
-def accept_rejection(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, sampler: SamplerConfig, t: int,
-                     rows: Candidates) -> tuple[int, int]:
+def accept_rejection(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, sampler: SamplerConfig, t: int
+                     ) -> tuple[int, int]:
     """q (K, V) the drafter's warped rows, p the target's (its candidates only). Strict `<`: p = 0 is never
     kept. u_i is keyed to d_i's position. A rejection draws from max(0, p - q), 0 outside p's candidates."""
     for i, d in enumerate(drafts):
         position = t + 1 + i
-        ids, p = rows(logits[i], sampler)  # (M,) each
+        ids, p = candidates(logits[i], sampler)  # (M,) each
         p_d = p[ids == d].sum()  # p(d), 0 if d is not a candidate
         if not keyed_uniform(sampler.seed, ACCEPT_STREAM, position) * float(q[i, d]) < float(p_d):
             residual = (p - q[i, ids]).clamp_(min=0)  # (M,) zero at d: rejected, so q(d) > p(d)
             return i, keyed_choice(ids, residual, sampler.seed, TOKEN_STREAM, position)  # unnormalised: same argmax
     bonus = len(drafts)  # the row after the last draft
-    return bonus, sample(logits[bonus:bonus + 1], sampler, TOKEN_STREAM, [t + 1 + bonus], rows)[0]
+    return bonus, sample(logits[bonus:bonus + 1], sampler, TOKEN_STREAM, [t + 1 + bonus])[0]

@@ -23,7 +23,7 @@ from torch import nn
 from gemma4.cache import KV
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear
-from gemma4.sampling import DRAFT_STREAM, Candidates, SamplerConfig, candidates, keyed_sample, warp
+from gemma4.sampling import DRAFT_STREAM, SamplerConfig, keyed_sample, warp
 
 
 @dataclass(frozen=True)
@@ -86,19 +86,18 @@ class Drafter(nn.Module):
         self.pre_projection = linear(2 * e, d)
         self.post_projection = linear(d, e)
         self.model = DrafterBody(cfg.text)
-        self.sampler_candidates: Candidates = candidates  # how `sample` drafting warps q (gemma4/sampling.py)
         if cfg.use_ordered_embeddings:
             self.masked_embedding = CentroidHead(cfg)
         else:
             self.head = TiedHead()  # a dense head over `model.embed_tokens` (26B/31B)
 
-    def layer_inputs(self, positions: torch.Tensor, shared_kv: dict[str, KV], dtype: torch.dtype,
-                     first: int | None = None) -> dict[str, LayerInputs]:
+    def layer_inputs(self, positions: torch.Tensor, shared_kv: dict[str, KV], dtype: torch.dtype
+                     ) -> dict[str, LayerInputs]:
         """RoPE at the query positions ((T,) or per row (B, T)) and masks over the target's keys, known by their
         positions (a sliding ring's slots included). A query at t sees keys 0..t-1 and its sliding layers the
         newest W_d + 1 of them (§5): shift 1."""
         keys = {kind: kv.positions for kind, kv in shared_kv.items()}
-        return layer_inputs(self.config.text, positions, keys, dtype, shift=1, first=first)
+        return layer_inputs(self.config.text, positions, keys, dtype, shift=1)
 
     def step(
         self, token_embedding: torch.Tensor, hidden: torch.Tensor, inputs: dict[str, LayerInputs],
@@ -126,28 +125,8 @@ class Drafter(nn.Module):
             return self.masked_embedding.greedy(hn, self.model.embed_tokens.weight)
         return self.head(hn, self.model.embed_tokens.weight).argmax(dim=-1)
 
-    def draft(
-        self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
-        shared_kv: dict[str, KV], k: int,
-    ) -> list[int]:
-        """k greedy drafts after `token` at position t, from the target's post-norm hidden (E,) at t-1
-        and the target's K/V of positions 0..t-1 (shared_kv: type -> the cache's `KV`, gemma4/cache.py)."""
-        return self.propose(target, token, hidden, t, shared_kv, k)[0]
-
-    def propose(
-        self, target: Gemma4Model, token: int, hidden: torch.Tensor, t: int,
-        shared_kv: dict[str, KV], k: int, sampler: SamplerConfig | None = None,
-    ) -> tuple[list[int], torch.Tensor | None]:
-        """k drafts as `draft`, greedy without a sampler; with one (`sample` drafting), q (k, V) too.
-        `propose_rows` of the one row."""
-        if not k:
-            return [], None
-        drafts, q = self.propose_rows(target, [token], hidden[None], [t], shared_kv, k,
-                                      None if sampler is None else [sampler])
-        return drafts[0].tolist(), None if q is None else q[0]
-
     @torch.inference_mode()
-    def propose_rows(
+    def propose(
         self, target: Gemma4Model, tokens: list[int], hidden: torch.Tensor, t: list[int],
         shared_kv: dict[str, KV], k: int, samplers: list[SamplerConfig] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -157,7 +136,7 @@ class Drafter(nn.Module):
         row (`sample` drafting, §11), row b's draft j is drawn from its warped distribution q_j with the
         DRAFT_STREAM noise keyed at t_b + j. Returns drafts (B, k), on the device, and q (B, k, V) or None."""
         device = hidden.device
-        inputs = self.layer_inputs(torch.tensor(t, device=device)[:, None], shared_kv, hidden.dtype, first=min(t))
+        inputs = self.layer_inputs(torch.tensor(t, device=device)[:, None], shared_kv, hidden.dtype)
         h = hidden[:, None]  # (B, 1, E)
         ids = torch.tensor(tokens, device=device)[:, None]  # (B, 1)
         drafted: list[torch.Tensor] = []  # greedy drafts stay on the device: the caller reads them once
@@ -168,7 +147,7 @@ class Drafter(nn.Module):
                 ids = self.greedy_token(hn[:, 0])[:, None]  # (B, 1)
             else:
                 logits = self.logits(hn[:, 0], filler=float("-inf"))  # (B, V), the centroid filler at 0
-                q = torch.cat([warp(logits[b:b + 1], s, self.sampler_candidates) for b, s in enumerate(samplers)])
+                q = torch.cat([warp(logits[b:b + 1], s) for b, s in enumerate(samplers)])
                 ids = torch.tensor([keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])[0]
                                     for b, (s, n) in enumerate(zip(samplers, t))], device=device)[:, None]
                 probs.append(q)  # (B, V)

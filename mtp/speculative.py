@@ -16,101 +16,153 @@ Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4)
   token.
 - `sample` drafting: drafts are drawn from the drafter's warped q and kept by the rejection rule: exact in
   distribution, not token-equal to plain sampling.
+
+Many prompts (§12): one loop runs every row as its own run, nothing shared but the forwards. Row b drafts at its
+own position t_b over its own keys 0..t_b-1, verifies t_b..t_b+K_b and rolls back its own length. One drafter call
+drafts max_b K_b tokens for every row (row b keeps its first K_b); one verify forward takes every row's block,
+right-padded to the longest: pads land in slots that are stale after the round. A row that commits a stop id or
+spends its budget leaves. Each row's draws are keyed by its own seed and positions, so row b equals its solo run.
+
+Shape legend: B rows still running, K drafts, V vocab, E target hidden.
 """
 
-import time
-from typing import Protocol
+import copy
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from gemma4.cache import KV, KVCache
+from gemma4.cache import KV, PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.config import FULL, SLIDING
-from gemma4.generate import check_prompt, finish_reason, prefill
+from gemma4.generate import PAD, check_prompt, choose, finish_reason, new_cache, per_row, prefill, row_positions
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
-from mtp.accept import accept, cut_at_stop, first_token
+from mtp.accept import accept, cut_at_stop
 from mtp.drafter import Drafter
 from mtp.stats import SpecResult, SpecStats
+
+if TYPE_CHECKING:  # the loop only calls a schedule's next and observe (mtp/schedule.py)
+    from mtp.schedule import DraftLength
 
 DRAFTING = ("argmax", "sample")
 
 
-class Schedule(Protocol):
-    """What the loop asks of a draft-length schedule (mtp/schedule.py `DraftLength`): K for the next round, in
-    0..room (K = 0 is a plain decode step), then the round's outcome and what its two phases cost."""
-    def start_call(self) -> None: ...
-    def next(self, room: int) -> int: ...
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
-
-
-@torch.inference_mode()
 def speculative_generate(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
-    draft_length: Schedule, stop_ids: list[int] | tuple[int, ...] = (),
+    draft_length: "DraftLength", stop_ids: list[int] | tuple[int, ...] = (),
     sampler: SamplerConfig | None = None, drafting: str = "argmax",
-    on_commit=None,  # noqa: ANN001 (optional callback(tokens, from_drafter flags) for streaming)
+    on_commit: Callable[[list[int], list[bool]], None] | None = None,
     cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
 ) -> SpecResult:
     """Greedy with `sampler=None` or temperature 0; otherwise sampling with `drafting` (see above).
-    `cache`, `reuse`: a cache already holding prompt[:reuse]; `prefill_chunk`: the most prompt positions one
-    forward runs (gemma4/generate.py `prefill`)."""
-    check_prompt(target, prompt, max_new_tokens)
-    check_sampling(sampler, drafting)
-    check_windows(target, drafter)
-    if sampler is not None and sampler.greedy:
-        sampler = None  # temperature 0 is the greedy loop itself
-    draft_sampler = sampler if drafting == "sample" else None  # None: the drafter proposes its argmax
-    context = target.config.max_position_embeddings
-    stats = SpecStats()
+    `draft_length` learns across calls; `on_commit(tokens, from_drafter flags)` sees each committed block (for
+    streaming); `cache`, `reuse`: a cache already holding prompt[:reuse]; `prefill_chunk`: the most prompt
+    positions one forward runs (gemma4/generate.py `prefill`). `speculative_rows` of one row."""
     draft_length.start_call()
+    each = None if on_commit is None else lambda _, tokens, flags: on_commit(tokens, flags)
+    return speculative_rows(target, drafter, [prompt], max_new_tokens, [draft_length], stop_ids, [sampler],
+                            drafting, each, cache, reuse, prefill_chunk)[0]
 
-    # 0. Prefill: one forward over the prompt (past a reused prefix) commits the first token. The drafter needs
+
+def speculative_generate_batch(
+    target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
+    draft_length: "DraftLength", stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+    samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax", prefill_chunk: int | None = None,
+) -> list[SpecResult]:
+    """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and `drafting`).
+    Every row starts from a copy of draft_length and adapts it on its own rounds; draft_length is left as it is."""
+    draft_length.start_call()
+    lengths = [copy.deepcopy(draft_length) for _ in prompts]  # `auto`'s estimates included
+    return speculative_rows(target, drafter, prompts, max_new_tokens, lengths, stop_ids, samplers, drafting,
+                            prefill_chunk=prefill_chunk)
+
+
+@torch.inference_mode()
+def speculative_rows(
+    target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
+    lengths: list["DraftLength"], stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+    samplers: Sequence[SamplerConfig | None] | None = None, drafting: str = "argmax",
+    on_commit: Callable[[int, list[int], list[bool]], None] | None = None,
+    cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
+) -> list[SpecResult]:
+    """The loop: row b runs prompts[b] with its own budget, stop ids, sampler and schedule lengths[b];
+    `on_commit(b, tokens, from_drafter flags)`; `cache`, `reuse`: one row's cache holding prompt[:reuse]."""
+    budgets, stops = per_row(max_new_tokens, stop_ids, len(prompts))
+    for prompt, budget in zip(prompts, budgets):
+        check_prompt(target, prompt, budget)
+    samplers = list(samplers or [None] * len(prompts))
+    for sampler in samplers:
+        check_sampling(sampler, drafting)
+    check_windows(target, drafter)
+    samplers = [None if s is None or s.greedy else s for s in samplers]  # temperature 0 is the greedy loop itself
+    sampled_drafts = drafting == "sample"  # else the drafter proposes its argmax
+    context = target.config.max_position_embeddings
+    if cache is None:  # several rows: room for a verify's pads past a row's last position, fewer than the slack
+        pads = min(max(budgets), ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk))
+        longest = max(min(len(p) + n, context) for p, n in zip(prompts, budgets))
+        cache = new_cache(target, len(prompts), longest + (pads if len(prompts) > 1 else 0), prefill_chunk)
+
+    # 0. Prefill: one forward over each prompt (past a reused prefix) commits its first token. The drafter needs
     #    nothing for a reused prefix: it keeps no cache, and reads the target's K/V and the hidden of the
     #    prompt's last position, both the prefill's.
-    cache, out = prefill(target, prompt, max_new_tokens, cache, reuse, prefill_chunk)
-    stats.target_forwards += 1
-    seq = list(prompt) + [first_token(out.logits[0, -1:], sampler, len(prompt), target.sampler_candidates)]
-    hidden = out.hidden[0, -1]  # (E,) h[t-1], with t = len(seq) - 1
-    stats.emitted = 1
-    if on_commit:
-        on_commit(seq[-1:], [False])
-    while (reason := finish_reason(seq, len(prompt), max_new_tokens, stop_ids, context)) is None:
-        t = len(seq) - 1  # == cache.length
+    logits, hidden = prefill(target, cache, prompts, reuse, prefill_chunk)  # (B, V), (B, E) h[t_b-1]
+    seqs = [list(p) + [choose(logits[b:b + 1], samplers[b], len(p))] for b, p in enumerate(prompts)]
+    stats = [SpecStats(target_forwards=1, emitted=1) for _ in prompts]  # their clocks start now
+    results: list[SpecResult | None] = [None] * len(prompts)
+    for b, seq in enumerate(seqs if on_commit else []):
+        on_commit(b, seq[-1:], [False])
+    rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
+    while True:
+        # 7. Stop (checked first): a row that committed a stop id or spent its budget or the context leaves.
+        going = []
+        for i, b in enumerate(rows):
+            if reason := finish_reason(seqs[b], len(prompts[b]), budgets[b], stops[b], context):
+                results[b] = SpecResult(seqs[b][len(prompts[b]):], stats[b], reason)
+            else:
+                going.append(i)
+        if not going:
+            return results
+        if len(going) < len(rows):
+            cache.keep(going)
+            rows, hidden = [rows[i] for i in going], hidden[going]
+        t = [len(seqs[b]) - 1 for b in rows]  # row by row == cache.length
 
-        # 1. Budget: never draft what could not be committed (a drafts + 1 target token within the budget and
+        # 1. Budget: never draft what could not be committed (the drafts + 1 target token within the budget and
         #    the context), nor more than the sliding layers' slack can verify in one forward.
-        k = draft_length.next(min(max_new_tokens - (len(seq) - len(prompt)) - 1, context - len(seq) - 1,
-                                  cache.slack - 1))
+        ks = [lengths[b].next(min(budgets[b] - (len(seqs[b]) - len(prompts[b])) - 1, context - len(seqs[b]) - 1,
+                                  cache.slack - 1)) for b in rows]
+        k = max(ks)
 
-        # 2. Draft d_1..d_K from (seq[t], h[t-1], position t) and the target's K/V of 0..t-1.
-        start = time.perf_counter()
-        drafts, q = drafter.propose(target, seq[t], hidden, t, target_kv(cache, target, t), k,
-                                    draft_sampler) if k else ([], None)
-        drafted = time.perf_counter()
+        # 2. Draft d_1..d_K for every row from (seq_b[t_b], h[t_b-1], position t_b) and the target's K/V of
+        #    0..t_b-1: the drafter's argmax, or (sample drafting) draws from its warped q. Row b keeps K_b.
+        drafts, q = [[] for _ in rows], None
+        if k:
+            drafted, q = drafter.propose(target, [seqs[b][-1] for b in rows], hidden, t, target_kv(cache, target, max(t)),
+                                         k, [samplers[b] for b in rows] if sampled_drafts else None)  # (B, k), (B, k, V)
+            drafts = [d[:n] for d, n in zip(drafted.tolist(), ks)]
 
-        # 3. Verify [seq[t], d_1..d_K] at positions t..t+K in one target forward.
-        out = target.run(torch.tensor([[seq[t]] + drafts]), cache, start_pos=t)
-        stats.target_forwards += 1
+        # 3. Verify [seq_b[t_b], d_1..d_K_b] at positions t_b..t_b+K_b, all rows in one target forward.
+        ids = torch.tensor([seqs[b][-1:] + d + [PAD] * (k - len(d)) for b, d in zip(rows, drafts)])  # (B, k+1)
+        out = target.run(ids, cache, start_pos=cache.length)  # logits (B, k+1, V)
 
-        # 4. Accept a prefix of the drafts: greedy token equality, or the sampling rules (mtp/accept.py).
-        a, last = accept(drafts, out.logits[0], sampler, t, q, target.sampler_candidates)
-        verified = time.perf_counter()  # the accepted count is on the host: the verify has finished
-        draft_length.observe(k, a, drafted - start, verified - drafted)
+        accepted = []
+        for i, (b, d) in enumerate(zip(rows, drafts)):
+            # 4. Accept a prefix of the drafts: greedy token equality, or the sampling rules (mtp/accept.py). A
+            #    row's pads are not read.
+            a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i], None if q is None else q[i, :len(d)])
+            lengths[b].observe(len(d), a)
 
-        # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
-        block = cut_at_stop(drafts[:a] + [last], stop_ids)
-        seq += block
+            # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
+            block = cut_at_stop(d[:a] + [last], stops[b])
+            seqs[b] += block
+            stats[b].record(d, a, block)
+            if on_commit:
+                on_commit(b, block, [j < min(a, len(block)) for j in range(len(block))])
+            accepted.append(a)
 
-        # 6. Roll back: positions t..t+a hold committed tokens' K/V; the rest is stale.
-        cache.length = t + a + 1
-        hidden = out.hidden[0, a]  # h[t'-1] with t' = t + a + 1
-
-        stats.record(drafts, a, block, verified - start)
-        if on_commit:
-            on_commit(block, [i < min(a, len(block)) for i in range(len(block))])
-        # 7. Stop on a committed stop id, the budget or the context: `finish_reason`.
-    return SpecResult(seq[len(prompt):], stats, reason)
-
+        # 6. Roll back: positions t_b..t_b+a_b hold committed tokens' K/V; the rest is stale.
+        cache.length = row_positions([n + a + 1 for n, a in zip(t, accepted)], hidden.device)
+        hidden = out.hidden[torch.arange(len(rows)), torch.tensor(accepted)]  # (B, E) h[t'_b-1]
 
 def target_kv(cache: KVCache, model: Gemma4Model, t: int) -> dict[str, KV]:
     """K/V of positions 0..t-1 of the target's last non-shared sliding and full layers, with the positions of

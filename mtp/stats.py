@@ -1,5 +1,8 @@
-"""What a speculative run did: per-round drafts and acceptance, and the run's result."""
+"""What a speculative run did: per-round drafts and acceptance, and the run's result. The statistics keep their
+own clock: a round's seconds run from the previous record (or the statistics' making, after the prefill) to its
+own, so the loop times nothing itself."""
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -8,7 +11,7 @@ from dataclasses import dataclass, field
 class Round:
     drafted: list[int]  # d_1..d_K as proposed; empty in a round that drafted nothing (K = 0: a plain step)
     accepted: int  # a: the length of the matching prefix (before any stop-id cut)
-    seconds: float = field(default=0.0, compare=False)  # the round's draft and verify: a measurement, not an outcome
+    seconds: float = field(default=0.0, compare=False)  # the round's wall time: a measurement, not an outcome
 
 
 @dataclass
@@ -20,12 +23,15 @@ class SpecStats:
     rounds: list[Round] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)  # [i]: rounds that drafted an i+1-th token
     accepted_at: list[int] = field(default_factory=list)  # [i]: rounds whose i+1-th draft was committed
+    clock: float = field(default_factory=time.perf_counter, compare=False, repr=False)  # the last record's time
 
-    def record(self, drafts: list[int], a: int, block: list[int], seconds: float = 0.0) -> None:
-        """One round: drafts d_1..d_K, a of them matched, `block` committed (cut after a stop id)."""
+    def record(self, drafts: list[int], a: int, block: list[int]) -> None:
+        """One round (a verify): drafts d_1..d_K, a of them matched, `block` committed (cut after a stop id)."""
         committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
+        now, self.clock = self.clock, time.perf_counter()
+        self.target_forwards += 1
         self.emitted += len(block)
-        self.rounds.append(Round(drafts, a, seconds))
+        self.rounds.append(Round(drafts, a, self.clock - now))
         self.drafted += len(drafts)
         self.accepted += committed_drafts
         for i in range(len(drafts)):

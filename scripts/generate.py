@@ -33,7 +33,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
-    from gemma4.generate import check_prompt, plain_generate, sample_generate
+    from gemma4.generate import check_prompt, decode, sample_generate
     from mtp import speculative_generate
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
@@ -143,9 +143,9 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
                                         prefill_chunk=flags.prefill_chunk)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         else:
-            tokens, finish_reason = plain_generate(model, prompt_ids, max_new_tokens, sampler, stops,
-                                                   on_token=lambda t: stream.commit([t], [False]), cache=cache,
-                                                   prefill_chunk=flags.prefill_chunk)
+            tokens, finish_reason = decode(model, [prompt_ids], max_new_tokens, [sampler], stops,
+                                           on_token=lambda _, t: stream.commit([t], [False]), cache=cache,
+                                           prefill_chunk=flags.prefill_chunk)[0]
             stats = None
     except KeyboardInterrupt:
         stream.finish()

@@ -8,7 +8,8 @@ ring wraps, `holds`, and `cache_bytes` against what a cache allocates. The model
 import pytest
 import torch
 
-from gemma4.cache import EMPTY, KVCache, cache_bytes
+from gemma4.cache import EMPTY, KVCache
+from gemma4.extras.memory import cache_bytes
 from gemma4.config import FULL, SLIDING
 from gemma4.config_file import text_config_from_dict
 from tests.checkpoints import SHAPES, target_text_config

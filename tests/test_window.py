@@ -20,7 +20,7 @@ import torch
 from gemma4 import (
     Gemma4Model, Gemma4Tokenizer, KVCache, SamplerConfig, greedy_generate, load_target, reference_greedy,
 )
-from gemma4.cache import cache_bytes
+from gemma4.extras.memory import cache_bytes
 from gemma4.extras.batch import greedy_generate_batch, prefill_rows
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
 from gemma4.generate import plain_generate, prefill, sample_generate

@@ -1,5 +1,5 @@
 """The loop's textbook path: the project modules mtp/speculative.py reaches through its own imports (package
-`__init__` re-exports not counted), with their line counts. `python -m tests.textbook_path` prints them."""
+`__init__` re-exports and imports for annotations only not counted), with their line counts. `python -m tests.textbook_path` prints them."""
 
 import ast
 from pathlib import Path
@@ -16,8 +16,12 @@ def module_file(name: str) -> Path:
 
 def imports(name: str) -> set[str]:
     """The project modules `name` imports by name (`from a.b import c` counts a.b, or a.b.c if c is a module)."""
-    out = set()
-    for node in ast.walk(ast.parse(module_file(name).read_text())):
+    out, tree = set(), ast.parse(module_file(name).read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and ast.unparse(block.test) ==
+                   "TYPE_CHECKING" for n in ast.walk(block)}  # annotations only: never loaded at run time
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"

@@ -20,7 +20,6 @@ from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import VERIFY_ROWS, Choice, Product, forced, measure
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.fast.norms import FastRMSNorm
-from gemma4.fast.sampling import fast_candidates
 from gemma4.model import MLP, Attention
 from gemma4.norms import RMSNorm
 
@@ -109,7 +108,6 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     for name, module in list(model.named_modules()):
         if type(module) is RMSNorm:  # the same weight, normed in fewer calls (gemma4/fast/norms.py)
             _swap(model, name, FastRMSNorm(module))
-    model.sampler_candidates = fast_candidates  # the same candidates without sorting a row (gemma4/fast/sampling.py)
     if next(model.parameters()).device.type != "cpu":
         gather_experts(model)  # MoE: a host read a layer would stall the device (gemma4/fast/experts.py)
     return list(choices.values())

@@ -17,8 +17,8 @@ Facts a reader must know:
   (`num_logits` given) runs the same function eagerly: its length changes every call.
 - Outside the graph: the PLE table's rows (the table stays in host memory: rows are looked up from the host ids
   and passed in), the cache's bounds checks, moving the positions to the device, choosing tokens.
-- The embedding scales are Python floats made once here: inside a graph, `embed_scale`'s `float(tensor)` would
-  end it (Dynamo traces through its lru_cache). The numbers are `Gemma4Model.embed`'s.
+- The embedding's scale is a Python float made once here (`StaticTarget.embed`): inside a graph, `embed_scale`'s
+  `float(tensor)` would end it (Dynamo traces through its lru_cache). The numbers are `Gemma4Model.embed`'s.
 - CUDA: `mode="reduce-overhead"` (CUDA graphs). The cache buffers are marked static, so a graph writes them in
   place; a step's outputs live in the graphs' memory until the next replay, so they are cloned out.
 
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemma4.cache import KV, PREFILL_CHUNK, KVCache, ring_slack
+from gemma4.cache import KV, PREFILL_CHUNK, KVCache, Slots, ring_slack
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.fast.apply import products
 from gemma4.fast.experts import gather_experts
@@ -78,17 +78,19 @@ class StaticKVCache(KVCache):
                              f"run it in chunks of at most {self.slack}")
         self.frontier = start + t if start == 0 else max(self.frontier, start + t)
 
-    def place(self, positions: torch.Tensor) -> None:
-        """Record the positions (T,) the ring's slots will hold: once per step, before any layer writes."""
-        self.slot_positions.index_copy_(1, positions % self.ring, positions[None])  # (1, R)
+    def slots(self, positions: torch.Tensor) -> Slots:
+        """A step's slots at device positions (T,): the ring's slot positions recorded, once per step, before any
+        layer writes; every slot is read (`key_positions`)."""
+        ring = positions % self.ring  # (T,)
+        self.slot_positions.index_copy_(1, ring, positions[None])  # (1, R)
+        return Slots(None, None, positions, ring, self.capacity, self.key_positions())
 
-    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, K, T, D) at positions (T,) (a sliding layer: their ring slots); return the whole buffers
-        (B, K, S, D)."""
-        slots = positions % self.ring if self.kinds[layer] == SLIDING else positions  # (T,)
-        self.keys[layer].index_copy_(2, slots, k)
-        self.values[layer].index_copy_(2, slots, v)
+    def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, K, T, D) at the slots' positions (a sliding layer: their ring slots); return the whole
+        buffers (B, K, S, D)."""
+        where = slots.ring if self.kinds[layer] == SLIDING else slots.positions  # (T,)
+        self.keys[layer].index_copy_(2, where, k)
+        self.values[layer].index_copy_(2, where, v)
         return self.keys[layer], self.values[layer]
 
     def read(self, layer: int, end: int) -> KV:
@@ -191,11 +193,9 @@ class StaticTarget:
             c = dataclasses.replace(c, max_position_embeddings=min(context, c.max_position_embeddings))
         self.model, self.config = model, c
         self.embed_tokens, self.logits = model.embed_tokens, model.logits  # the loops read the weight's device, dtype
-        self.sampler_candidates = model.sampler_candidates  # the loops warp with the model's own
         w = model.embed_tokens.weight
         self.device, self.dtype = w.device, w.dtype
         self.scale = embed_scale(c.hidden_size, w.dtype)
-        self.ple_scale = embed_scale(c.ple_dim, w.dtype) if c.ple_dim else 1.0
         self.freqs = frequencies(c, self.device)
         self.compiled_rows = frozenset(compiled_rows)
         self.cudagraphs = bool(compiled_rows) and self.device.type == "cuda"
@@ -207,7 +207,7 @@ class StaticTarget:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> (B, T, E): Gemma4Model.embed, its scale a float made once."""
-        return self.model.embed(ids, self.scale)
+        return F.embedding(ids, self.embed_tokens.weight) * self.scale
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None, cache: StaticKVCache,
                 num_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,11 +215,11 @@ class StaticTarget:
         -> logits (B, n, V) of the last n, hidden (B, T, E). Gemma4Model.run's inputs and its `stack`, with K/V
         written at `positions` and masks over every slot."""
         m = self.model
-        x = m.embed(ids, self.scale)  # (B, T, E)
-        ple = None if rows is None else m.per_layer_inputs(rows, x, self.ple_scale)  # (B, T, L, P)
-        cache.place(positions)
-        inputs = static_inputs(self.config, positions, cache.key_positions(), x.dtype, self.freqs)
-        hidden, _ = m.stack(x, ple, inputs, cache, positions)  # (B, T, E)
+        x = self.embed(ids)  # (B, T, E)
+        ple = None if rows is None else m.per_layer_inputs(rows, x)  # (B, T, L, P)
+        slots = cache.slots(positions)
+        inputs = static_inputs(self.config, positions, slots.keys, x.dtype, self.freqs)
+        hidden, _ = m.stack(x, ple, inputs, cache, slots)  # (B, T, E)
         return m.logits(hidden[:, hidden.shape[1] - num_logits:]), hidden  # (B, n, V)
 
     def upload(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,26 +289,27 @@ class StaticDrafter:
         return self.drafter.greedy_token(hn[:, 0])[:, None], h
 
     @torch.inference_mode()
-    def propose(self, target: StaticTarget, token: int, hidden: torch.Tensor, t: int,
-                shared_kv: dict[str, KV], k: int, sampler: SamplerConfig | None = None,
-                ) -> tuple[list[int], torch.Tensor | None]:
-        """Drafter.propose on the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides keys >= t."""
-        if sampler is not None:  # the same whole buffers: their positions mask them
-            return self.drafter.propose(target, token, hidden, t, shared_kv, k, sampler)
+    def propose(self, target: StaticTarget, tokens: list[int], hidden: torch.Tensor, t: list[int],
+                shared_kv: dict[str, KV], k: int, samplers: list[SamplerConfig] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Drafter.propose of one row on the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides
+        keys >= t. hidden (1, E) -> drafts (1, k) on the device, and q (sampled drafting) or None."""
+        if samplers is not None:  # the same whole buffers: their positions mask them
+            return self.drafter.propose(target, tokens, hidden, t, shared_kv, k, samplers)
         if self.inputs is None:  # the same device tensors every round: (1,), (1, 1), (1, 1, E)
             self.inputs = (torch.empty(1, dtype=torch.long, device=self.device),
                            torch.empty(1, 1, dtype=torch.long, device=self.device),
                            torch.empty(1, 1, hidden.shape[-1], dtype=hidden.dtype, device=self.device))
-        position, ids, h = self.inputs[0].fill_(t), self.inputs[1].fill_(token), self.inputs[2].copy_(hidden)
-        drafted = []  # on the device: the host reads them once, below
+        position, ids, h = self.inputs[0].fill_(t[0]), self.inputs[1].fill_(tokens[0]), self.inputs[2].copy_(hidden[:, None])
+        drafted = []  # on the device: the caller reads them once
         for _ in range(k):
             ids, h = call(self.step, self.cudagraphs, target, ids, h, position, shared_kv)
             drafted.append(ids)
-        return (torch.cat(drafted, dim=1)[0].tolist() if drafted else []), None  # (k,)
+        return torch.cat(drafted, dim=1), None  # (1, k)
 
     def warm_up(self, target: StaticTarget, cache: StaticKVCache) -> None:
         """Compile (and record) the draft step now, reading slot 0 of the cache."""
         c = target.config
         kv = {kind: cache.read(c.kv_source(kind), 1) for kind in (SLIDING, FULL)}
-        hidden = torch.zeros(c.hidden_size, dtype=target.dtype, device=target.device)
-        self.propose(target, 0, hidden, 1, kv, 3 if self.cudagraphs else 1)
+        hidden = torch.zeros(1, c.hidden_size, dtype=target.dtype, device=target.device)
+        self.propose(target, [0], hidden, [1], kv, 3 if self.cudagraphs else 1)

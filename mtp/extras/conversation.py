@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
-from gemma4.generate import check_prompt, plain_generate
+from gemma4.generate import check_prompt, decode
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
@@ -156,9 +156,9 @@ class Conversation:
                     prefill_chunk=self.prefill_chunk)
                 tokens, stats, finish_reason = result.tokens, result.stats, result.finish_reason
             else:
-                tokens, finish_reason = plain_generate(self.target, ids, max_new_tokens, sampler, stops,
-                                                       on_token=lambda t: commit([t], [False]), cache=self.cache,
-                                                       reuse=reused, prefill_chunk=self.prefill_chunk)
+                tokens, finish_reason = decode(self.target, [ids], max_new_tokens, [sampler], stops,
+                                               on_token=lambda _, t: commit([t], [False]), cache=self.cache,
+                                               reuse=reused, prefill_chunk=self.prefill_chunk)[0]
         except KeyboardInterrupt:
             tokens, finish_reason = shown, "interrupted"
         seconds = time.perf_counter() - start

@@ -2,7 +2,7 @@
 
     python scripts/benchmark.py --only context            # --context-small: tiny sizes, for the tests
 
-- `cache_bytes`: the K/V bytes (`gemma4.cache.cache_bytes`, bfloat16) of a cache holding 8k, 32k, 128k positions
+- `cache_bytes`: the K/V bytes (`gemma4.extras.memory.cache_bytes`, bfloat16) of a cache holding 8k, 32k, 128k positions
   and the model's whole context, for the five released targets (`RELEASES`), *before*: every position of every
   layer (slack >= positions), and *after*: sliding layers a ring of W + slack slots (slack = ring_slack(512)).
   A full layer costs `full_bytes_per_position` a position; past W + slack the sliding layers' bytes stay flat.
@@ -38,7 +38,8 @@ from bench.memory import SCRIPTS, reset_peak, status_mib
 from bench.random_pair import assistant_config, random_prompt, target_config, write_pair
 from bench.timing import median_ratio
 from gemma4 import Gemma4Tokenizer, KVCache, load_config, load_target
-from gemma4.cache import PREFILL_CHUNK, cache_bytes, ring_slack
+from gemma4.cache import PREFILL_CHUNK, ring_slack
+from gemma4.extras.memory import cache_bytes
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.config_file import read_json, text_config_from_dict
 from gemma4.generate import decode, greedy_choice, prefill

@@ -39,11 +39,11 @@ def cost_section(target: Gemma4Model, drafter: Drafter, prompt: list[int], reps:
     """Seconds of a 1-token decode, (K+1)-token verifies and K-step draft rounds at the same position."""
     p, device = len(prompt), device_of(target)
     cache, out = prefilled(target, prompt, MAX_K + 1)
-    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, p)
+    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[:, -1], target_kv(cache, target, p)
     runs: dict[str, Callable[[], Any]] = {"decode": lambda: target.run(torch.tensor([[token]]), cache, p)}
     for k in range(1, MAX_K + 1):
         runs[f"verify{k + 1}"] = lambda k=k: target.run(torch.tensor([[token] * (k + 1)]), cache, p)
-        runs[f"draft{k}"] = lambda k=k: drafter.draft(target, token, hidden, p, kv, k)
+        runs[f"draft{k}"] = lambda k=k: drafter.propose(target, [token], hidden, [p], kv, k)[0].tolist()
     s, _ = interleaved(runs, reps, runs, clock)
     verify = {k: median_ratio(s[f"verify{k + 1}"], s["decode"]) for k in range(1, MAX_K + 1)}  # K drafts: K+1 rows
     draft = {k: median_ratio(s[f"draft{k}"], s["decode"]) for k in range(1, MAX_K + 1)}

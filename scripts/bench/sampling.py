@@ -2,10 +2,10 @@
 
 - `rows`: warping and drawing one row of random logits (std 3) at V = 4,096 and 262,144, T = 1, with
   top-k 64 / top-p 0.95 (Gemma's generation_config), top-k 0 / top-p 0.95 and top-k 0 / top-p 1:
-  ms per row of `gemma4.sampling.sample` with the speed layer's candidates (gemma4/fast/sampling.py: the
-  candidates only), and of the textbook path (`reference_sample`: `gemma4.sampling.warp` sorts and
-  soft-maxes the whole row, then the keyed noise of every token), with reference / fast, and whether both
-  drew the same tokens (they must).
+  ms per row of `gemma4.sampling.sample` ("fast": `candidates` warps only the k largest logits when top-k is
+  set), and of the rule on the whole row (`reference_sample`: `warp_row` sorts and soft-maxes the whole row,
+  then the keyed noise of every token), with reference / fast, and whether both drew the same tokens (they
+  must).
 - `decode`: a random pair at E2B's dimensions in bfloat16 (scripts/bench/random_pair.py; the vocabulary
   is `--sampling-vocab`, the real 262,144 by default, whose pair is the bf16 section's). Tokens/s of
   plain decoding, greedy against sampled (T 1, top-k 64, top-p 0.95); and speculative decoding with
@@ -23,8 +23,7 @@ import torch
 
 from bench.random_pair import random_prompt, write_pair
 from gemma4 import greedy_generate, load_target, sample_generate
-from gemma4.fast.sampling import fast_candidates
-from gemma4.sampling import TOKEN_STREAM, SamplerConfig, exponential_noise, sample, warp
+from gemma4.sampling import TOKEN_STREAM, SamplerConfig, exponential_noise, sample, warp_row
 from mtp import DraftLength, load_drafter, speculative_generate
 
 VOCABS = (4096, 262144)
@@ -40,9 +39,9 @@ Interleaved = Callable[[dict[str, Callable[[], Any]], int, dict[str, Callable[[]
 
 
 def reference_sample(logits: torch.Tensor, cfg: SamplerConfig, position: int) -> int:
-    """The textbook sampler: the whole row warped (`gemma4.sampling.warp`: sorted and soft-maxed), the keyed
+    """The rule on the whole row (`gemma4.sampling.warp_row`: sorted and soft-maxed, top-k or not), the keyed
     noise of every token of the vocabulary."""
-    probs = warp(logits, cfg)[0]  # (V,)
+    probs = warp_row(logits[0], cfg)  # (V,)
     ids = torch.arange(probs.shape[0], device=probs.device)
     return int((probs.double() / exponential_noise(cfg.seed, TOKEN_STREAM, position, ids)).argmax())
 
@@ -56,7 +55,7 @@ def row_costs(reps: int, interleaved: Interleaved, device: str = "cpu") -> dict[
         logits = (torch.randn(1, v, generator=torch.Generator().manual_seed(v)) * 3).to(device)  # (1, V)
         for name, (top_k, top_p) in SETTINGS.items():
             cfg = SamplerConfig(1.0, top_k, top_p)
-            runs = {"fast": lambda cfg=cfg: [sample(logits, cfg, TOKEN_STREAM, [n], fast_candidates)
+            runs = {"fast": lambda cfg=cfg: [sample(logits, cfg, TOKEN_STREAM, [n])
                                              for n in range(CALLS)],
                     "reference": lambda cfg=cfg: [reference_sample(logits, cfg, n) for n in range(CALLS)]}
             s, outputs = interleaved(runs, reps, runs)

@@ -109,6 +109,7 @@ def draft_step_calls(target: Gemma4Model, drafter: Drafter, prompt: list[int]) -
     its RoPE tables and masks, cancels out)."""
     p = len(prompt)
     cache, out = prefilled(target, prompt, 1)
-    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, p)
-    rounds = {k: aten_calls(lambda k=k: lambda: drafter.draft(target, token, hidden, p, kv, k)) for k in (1, 3)}
+    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[:, -1], target_kv(cache, target, p)
+    rounds = {k: aten_calls(lambda k=k: lambda: drafter.propose(target, [token], hidden, [p], kv, k)[0].tolist())
+              for k in (1, 3)}
     return (rounds[3] - rounds[1]) / 2

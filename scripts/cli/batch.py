@@ -3,7 +3,7 @@
 - `--prompt` and `--prompt-ids` may be given several times, one row each, and `--prompts-file FILE`
   (`-`: stdin) adds text prompts: one per line, or the blocks between lines holding only `---`, which
   may span lines. One prompt in all runs exactly as a single prompt; several run as one batch
-  (gemma4/extras/batch.py, mtp/extras/batch.py) and each row's text is printed on stdout after a line `== row i: ...`;
+  (gemma4/generate.py `decode`, mtp/speculative.py) and each row's text is printed on stdout after a line `== row i: ...`;
   the totals go to stderr.
 - With sampling, row i uses seed + i: `--seed` + i reproduces that row alone.
 - `--json` prints {"rows": [the one-prompt object of each row], "stats": {batch totals}}. A row's
@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from cli.options import UsageError
-from gemma4.extras.batch import plain_generate_batch
+from gemma4.generate import decode
 from gemma4.generate import sample_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import Drafter, speculative_generate
-from mtp.extras.batch import speculative_generate_batch
+from mtp.speculative import speculative_generate_batch
 from mtp.schedule import DraftSchedule
 
 
@@ -108,7 +108,7 @@ def run_batch(
                                              drafting, prefill_chunk)
             return [(r.tokens, r.stats, r.finish_reason) for r in out]
         return [(row.tokens, None, row.finish_reason)
-                for row in plain_generate_batch(model, rows, max_new_tokens, samplers, stops, prefill_chunk)]
+                for row in decode(model, rows, max_new_tokens, samplers, stops, prefill_chunk=prefill_chunk)]
 
     def one_after_another() -> list[list[int]]:
         if drafter is not None:

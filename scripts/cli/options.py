@@ -32,7 +32,8 @@ from typing import NoReturn
 
 import torch
 
-from gemma4.cache import PREFILL_CHUNK, cache_bytes, ring_slack
+from gemma4.cache import PREFILL_CHUNK, ring_slack
+from gemma4.extras.memory import cache_bytes
 from gemma4.config import ConfigError
 from gemma4.config_file import read_json
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile

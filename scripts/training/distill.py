@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gemma4.extras.batch import sample_generate_batch
+from gemma4.generate import decode
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 
@@ -178,5 +178,5 @@ def row_samplers(rows: int, cfg: Distill, seed: int) -> list[SamplerConfig]:
 def continuations(target: Gemma4Model, prompts: torch.Tensor, n: int, cfg: Distill, seed: int) -> torch.Tensor:
     """(B, P) -> (B, P + n): each prompt continued by the target, all rows in one batched decode."""
     rows = prompts.tolist()
-    new = sample_generate_batch(target, rows, n, row_samplers(len(rows), cfg, seed))  # no stop ids: n each
+    new = [r.tokens for r in decode(target, rows, n, row_samplers(len(rows), cfg, seed))]  # no stop ids: n each
     return torch.cat([prompts, torch.tensor(new, device=prompts.device)], dim=1)  # (B, P+n)
