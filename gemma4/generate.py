@@ -61,9 +61,10 @@ def per_row(budgets: int | Sequence[int], stop_ids: Sequence[int] | Sequence[Seq
     """One budget and one stop-id list for every row: given once for all rows, or one per row."""
     budgets = [budgets] * rows if isinstance(budgets, int) else list(budgets)
     stops = [tuple(s) for s in stop_ids] if stop_ids and not isinstance(stop_ids[0], int) else [tuple(stop_ids)] * rows
-    if not rows or len(budgets) != rows or len(stops) != rows:
-        raise ValueError(f"{rows} prompts need {rows} budgets and stop-id lists (at least one), got {len(budgets)} "
-                         f"and {len(stops)}")
+    if not rows:
+        raise ValueError("the batch is empty: give at least one prompt")
+    if len(budgets) != rows or len(stops) != rows:
+        raise ValueError(f"{rows} prompts need {rows} budgets and stop-id lists, got {len(budgets)} and {len(stops)}")
     return budgets, stops
 
 

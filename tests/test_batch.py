@@ -19,9 +19,8 @@ import pytest
 import torch
 
 from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, sample_generate
-from gemma4.extras.batch import greedy_generate_batch, prefill_rows, sample_generate_batch
-from mtp import DraftLength, Drafter, speculative_generate
-from mtp.extras.batch import speculative_generate_batch
+from gemma4.generate import decode, prefill
+from mtp import DraftLength, Drafter, speculative_generate, speculative_generate_batch
 from tests.checkpoints import SHAPES
 
 LENGTHS = (3, 8, 30)  # below, at and far above the target's sliding window
@@ -55,6 +54,17 @@ def plain(target: Gemma4Model, ids: list[int], n: int) -> list[int]:
     return PLAIN[key][1]
 
 
+def greedy_rows(target: Gemma4Model, prompts: list[list[int]], budgets: int | list[int]) -> list[list[int]]:
+    """Every row's plain greedy tokens from one batched `decode`."""
+    return [row.tokens for row in decode(target, prompts, budgets)]
+
+
+def sample_rows(target: Gemma4Model, prompts: list[list[int]], budgets: list[int],
+                samplers: list[SamplerConfig]) -> list[list[int]]:
+    """Every row's plain sampled tokens from one batched `decode`, row b with samplers[b]."""
+    return [row.tokens for row in decode(target, prompts, budgets, samplers)]
+
+
 def rounds(result) -> list[tuple[list[int], int]]:  # noqa: ANN001
     return [(r.drafted, r.accepted) for r in result.stats.rounds]
 
@@ -83,8 +93,9 @@ def test_every_row_adapts_its_own_draft_length(pairs, schedule: str) -> None:  #
     """Each row starts from the schedule's value and moves it on its own acceptances, as alone."""
     target, drafter = pairs["dense"]
     length = DraftLength(2, schedule)
+    before = copy.deepcopy(vars(length))
     batch = speculative_generate_batch(target, drafter, PROMPTS, BUDGETS, length)
-    assert length.current == 2  # the batch leaves the caller's schedule as it was
+    assert vars(length) == before  # the batch leaves the caller's schedule as it was
     solo = [speculative_generate(target, drafter, p, n, DraftLength(2, schedule)) for p, n in zip(PROMPTS, BUDGETS)]
     assert [rounds(r) for r in batch] == [rounds(r) for r in solo]
     assert len({len(d) for r in batch for d, _ in rounds(r)}) > 1  # the draft lengths did move
@@ -93,7 +104,7 @@ def test_every_row_adapts_its_own_draft_length(pairs, schedule: str) -> None:  #
 @pytest.mark.parametrize("shape", SHAPES)
 def test_plain_rows_equal_greedy(pairs, shape: str) -> None:  # noqa: ANN001
     target, _ = pairs[shape]
-    assert greedy_generate_batch(target, PROMPTS, BUDGETS) == [plain(target, p, n) for p, n in zip(PROMPTS, BUDGETS)]
+    assert greedy_rows(target, PROMPTS, BUDGETS) == [plain(target, p, n) for p, n in zip(PROMPTS, BUDGETS)]
 
 
 def test_permuted_rows_and_a_batch_of_one(pairs) -> None:  # noqa: ANN001
@@ -107,7 +118,7 @@ def test_permuted_rows_and_a_batch_of_one(pairs) -> None:  # noqa: ANN001
     one = speculative_generate_batch(target, drafter, PROMPTS[2:3], BUDGET, DraftLength(3))
     solo = speculative_generate(target, drafter, PROMPTS[2], BUDGET, DraftLength(3))
     assert len(one) == 1 and one[0].tokens == solo.tokens and rounds(one[0]) == rounds(solo)
-    assert greedy_generate_batch(target, PROMPTS[2:3], BUDGET) == [plain(target, PROMPTS[2], BUDGET)]
+    assert greedy_rows(target, PROMPTS[2:3], BUDGET) == [plain(target, PROMPTS[2], BUDGET)]
 
 
 # ---------------------------------------------------------------- a drafter right on a schedule
@@ -122,7 +133,7 @@ SCHEDULES: list[Callable[[int, int], int]] = [
 
 
 def scripted(target: Gemma4Model, rows: list[list[int]], schedules: list[Callable[[int, int], int]]):  # noqa: ANN201
-    """A stand-in for the drafter's propose_rows. `rows` are the prompts' greedy sequences (prompt and
+    """A stand-in for the drafter's propose. `rows` are the prompts' greedy sequences (prompt and
     continuation). It recognises each batch row by the target hidden it is given (h[t-1] of one
     sequence) and proposes that sequence's next tokens, wrong from row r's scheduled count on."""
     with torch.inference_mode():
@@ -147,7 +158,7 @@ def test_rows_accepting_very_differently(pairs, monkeypatch: pytest.MonkeyPatch)
         target, drafter = pairs[shape]
         prompts = [prompt(length, 7) for length in (5, 12, 30, 9)]
         sequences = [p + plain(target, p, BUDGET + k + 1) for p in prompts]
-        monkeypatch.setattr(drafter, "propose_rows", scripted(target, sequences, SCHEDULES))
+        monkeypatch.setattr(drafter, "propose", scripted(target, sequences, SCHEDULES))
         batch = speculative_generate_batch(target, drafter, prompts, BUDGET, DraftLength(k))
         monkeypatch.undo()
         for r, (ids, result) in enumerate(zip(prompts, batch)):
@@ -182,7 +193,7 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
     stop_bonus = free[2][first_at(free[2], lambda i: i >= 4 and i % (k + 1) == 0)]
     stops = [[stop_first], [stop_inside], [stop_bonus], [], []]
     budgets = [40, 40, 40, 1 + (k + 1) * 2 + 2, 30]  # row 3's budget ends inside its third block
-    monkeypatch.setattr(drafter, "propose_rows", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
+    monkeypatch.setattr(drafter, "propose", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
     sizes: list[int] = []
     spied = copy.deepcopy(target)  # the spy goes on a copy: `models` is the session's, read by other tests
     run = spied.run
@@ -218,7 +229,7 @@ def test_sampled_rows_equal_solo_sampling(pairs, shape: str) -> None:  # noqa: A
     target, drafter = pairs[shape]
     samplers = [SamplerConfig(temperature=0.8, top_k=40, seed=5 + b) for b in range(len(PROMPTS))]
     solo = [sample_generate(target, p, n, s) for p, n, s in zip(PROMPTS, BUDGETS, samplers)]
-    assert sample_generate_batch(target, PROMPTS, BUDGETS, samplers) == solo
+    assert sample_rows(target, PROMPTS, BUDGETS, samplers) == solo
     batch = speculative_generate_batch(target, drafter, PROMPTS, BUDGETS, DraftLength(3), samplers=samplers)
     assert [r.tokens for r in batch] == solo
     for row, ids, n, s in zip(batch, PROMPTS, BUDGETS, samplers):  # and the solo speculative run's rounds
@@ -259,7 +270,7 @@ def test_cache_rows_equal_solo_caches(pairs, shape: str) -> None:  # noqa: ANN00
     lengths = [3, 8, 30]
     cache = KVCache(target.config, 100, batch=3)
     with torch.inference_mode():
-        logits, _ = prefill_rows(target, cache, [r[:n] for r, n in zip(rows, lengths)])
+        logits, _ = prefill(target, cache, [r[:n] for r, n in zip(rows, lengths)])
         assert not logits.isnan().any()
         for blocks, keep in (([4, 1, 3], [3, 1, 2]), ([2, 5, 1], [1, 5, 1]), ([3, 3, 3], [2, 3, 1])):
             t = max(blocks)
@@ -279,8 +290,8 @@ def test_cache_rows_equal_solo_caches(pairs, shape: str) -> None:  # noqa: ANN00
 def test_bad_batches_say_what_to_change(pairs) -> None:  # noqa: ANN001
     target, drafter = pairs["dense"]
     with pytest.raises(ValueError, match="the batch is empty"):
-        greedy_generate_batch(target, [], 4)
+        greedy_rows(target, [], 4)
     with pytest.raises(ValueError, match="the prompt is empty"):
         speculative_generate_batch(target, drafter, [PROMPTS[0], []], 4, DraftLength(2))
     with pytest.raises(ValueError, match="2 prompts need 2 budgets"):
-        greedy_generate_batch(target, PROMPTS[:2], [4, 4, 4])
+        greedy_rows(target, PROMPTS[:2], [4, 4, 4])

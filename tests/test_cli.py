@@ -427,7 +427,7 @@ def test_a_bug_keeps_its_traceback(bug: Exception, pair: tuple[Path, Path], monk
     """An exception that is none of the user's mistakes is the code's: its traceback, exit status 1."""
     def broken(*args: object, **kwargs: object) -> list[int]:
         raise bug
-    monkeypatch.setattr(generate, "plain_generate", broken)  # the library's decoder, inside the run
+    monkeypatch.setattr(generate, "decode", broken)  # the library's decoder, inside the run
     status, out, err = run_inprocess(capsys, ["--target", str(pair[0]), "--no-assistant", "--prompt", "hi"])
     assert status == 1
     assert "Traceback (most recent call last)" in err and "in broken" in err

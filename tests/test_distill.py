@@ -116,7 +116,8 @@ def first_round_alpha(target, drafter, prompt: list[int], sampler: SamplerConfig
     cache = KVCache(target.config, t + 1)
     out = target.run(torch.tensor([prompt]), cache, start_pos=0, num_logits=1)
     cache.length = t
-    _, q = drafter.propose(target, first, out.hidden[0, -1], t, target_kv(cache, target, t), 1, sampler)  # (1, V)
+    _, q = drafter.propose(target, [first], out.hidden[:, -1], [t], target_kv(cache, target, t), 1, [sampler])
+    q = q[0]  # (1, V): row 0's one draft
     p = warp(target(torch.tensor([prompt + [first]]))[0, -1:], sampler)  # (1, V): the verify's row 0
     return float(torch.minimum(p, q).sum())
 

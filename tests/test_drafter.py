@@ -92,7 +92,7 @@ def test_a_whole_round_matches_transformers(pair) -> None:  # noqa: ANN001
     target, drafter, tf_t, tf_a = pair
     ids = prompt(19)
     token, hidden, kv = our_state(target, ids)
-    ours = drafter.draft(target, token, hidden, len(ids), kv, 6)
+    ours = drafter.propose(target, [token], hidden[None], [len(ids)], kv, 6)[0][0].tolist()
     theirs = [s.token for s in tf_draft(tf_a, tf_t, tf_target_outputs(tf_t, ids), token, len(ids), 6)]
     assert ours == theirs
 

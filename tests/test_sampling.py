@@ -1,10 +1,9 @@
 """Sampling: the warpers, keyed noise, and argmax-drafted speculative sampling == plain sampling.
 
-- The speed layer's warp (gemma4/fast/sampling.py) against the textbook's (gemma4/sampling.py: the
-  full-vocabulary sort-and-softmax warp) everywhere: on hand-checked cases (ties at the k-th logit, the top-p boundary,
-  temperature before top-k/top-p), on random logits where both must also equal transformers' own
-  warpers, and on ties, -inf fillers and rows large enough for the fast paths (two-pass top-k,
-  value-slice top-p); numeric edges never give NaN.
+- `warp` (`candidates`: with top-k, only the k largest logits are warped) against the rule on the whole row
+  (`warp_row`: the full-vocabulary sort and softmax) everywhere: on hand-checked cases (ties at the k-th logit,
+  the top-p boundary, temperature before top-k/top-p), on random logits where both must also equal transformers'
+  own warpers, and on ties, -inf fillers and large rows; numeric edges never give NaN.
 - Keyed noise: the int64 tensor hash equals splitmix64 on Python ints; a token's noise does not depend
   on the other candidates; a position's draw depends on (seed, position) only; the global RNG is
   never touched.
@@ -21,13 +20,11 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-import gemma4.fast.sampling
 from gemma4 import SamplerConfig, greedy_generate, sample_generate
 from gemma4.cache import KV
-from gemma4.fast.sampling import fast_candidates
 from gemma4.sampling import (
     GOLDEN, MASK64, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
-    keyed_uniform, sample, signed, stream_key, uniform_from_bits, warp,
+    keyed_uniform, sample, signed, stream_key, uniform_from_bits, warp, warp_row,
 )
 from mtp import SCHEDULES, DraftLength, speculative_generate
 from tests.checkpoints import SHAPES
@@ -37,15 +34,16 @@ SEEDS = (0, 1, 2)
 SAMPLER = dict(temperature=1.0, top_k=20, top_p=0.9)
 
 
-def fast_warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
-    """`warp` with the speed layer's candidates, as a fast model's sampler warps."""
-    return warp(logits, cfg, fast_candidates)
+def whole(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
+    """The rule on the whole row (`warp_row`: every token sorted and soft-maxed): what `warp`, which warps only the
+    k largest logits when top-k is set (`candidates`), must equal."""
+    return torch.stack([warp_row(x, cfg) for x in logits])
 
 
 def kept(logits: list[float], **settings: float) -> list[int]:
-    """The tokens that keep a non-zero probability, the same under the fast warp and the textbook's."""
+    """The tokens that keep a non-zero probability, the same under `warp` and the whole-row rule."""
     x, cfg = torch.tensor([logits]), SamplerConfig(**settings)
-    probs, reference = fast_warp(x, cfg)[0], warp(x, cfg)[0]
+    probs, reference = warp(x, cfg)[0], whole(x, cfg)[0]
     assert torch.equal(probs > 0, reference > 0)
     torch.testing.assert_close(probs, reference)
     return [i for i, p in enumerate(probs.tolist()) if p > 0]
@@ -68,7 +66,7 @@ def test_top_p_boundary() -> None:
     assert len(kept(flat, top_p=0.5000001)) == 3  # 0.5 > 1 - 0.5000001: kept
     assert len(kept(flat, top_p=0.75)) == 3
     assert kept([0.0, 5.0, 1.0], top_p=1e-9) == [1]  # the most likely token always stays
-    probs = fast_warp(torch.tensor([flat]), SamplerConfig(top_p=0.5))[0]
+    probs = warp(torch.tensor([flat]), SamplerConfig(top_p=0.5))[0]
     assert sorted(probs.tolist()) == [0.0, 0.0, 0.5, 0.5]  # renormalised over what is kept
 
 
@@ -78,7 +76,7 @@ def test_temperature_comes_before_top_p() -> None:
     logits = [2.0, 1.0, 0.0, -1.0]
     assert kept(logits, temperature=1.0, top_p=0.9) == [0, 1, 2]
     assert kept(logits, temperature=0.5, top_p=0.9) == [0, 1]
-    probs = fast_warp(torch.tensor([logits]), SamplerConfig(temperature=0.5, top_p=0.9))[0]
+    probs = warp(torch.tensor([logits]), SamplerConfig(temperature=0.5, top_p=0.9))[0]
     expected = torch.tensor([math.exp(4), math.exp(2), 0, 0]) / (math.exp(4) + math.exp(2))
     torch.testing.assert_close(probs, expected.float())
 
@@ -89,14 +87,14 @@ def test_temperature_comes_before_top_p() -> None:
 def test_warpers_match_transformers(temperature: float, top_k: int, top_p: float) -> None:
     g = torch.Generator().manual_seed(7)
     logits = torch.randn(16, 300, generator=g) * 3  # (N, V)
-    ours = fast_warp(logits, SamplerConfig(temperature, top_k, top_p))
+    ours = warp(logits, SamplerConfig(temperature, top_k, top_p))
     scores = TemperatureLogitsWarper(temperature)(None, logits.clone())
     if top_k:
         scores = TopKLogitsWarper(top_k)(None, scores)
     if top_p < 1:
         scores = TopPLogitsWarper(top_p)(None, scores)
     theirs = scores.softmax(dim=-1)
-    reference = warp(logits, SamplerConfig(temperature, top_k, top_p))
+    reference = whole(logits, SamplerConfig(temperature, top_k, top_p))
     for probs in (ours, reference):
         assert torch.equal(probs > 0, theirs > 0)  # the same tokens kept
         torch.testing.assert_close(probs, theirs)
@@ -120,29 +118,29 @@ def rows(v: int, n: int, seed: int) -> torch.Tensor:
 def test_warp_equals_the_full_vocabulary_reference(v: int, temperature: float, top_k: int, top_p: float) -> None:
     cfg = SamplerConfig(temperature, top_k, top_p)
     logits = rows(v, 5, seed=v + top_k)
-    ours, reference = fast_warp(logits, cfg), warp(logits, cfg)
+    ours, reference = warp(logits, cfg), whole(logits, cfg)
     assert torch.equal(ours > 0, reference > 0)  # the same tokens kept, ties at both boundaries included
     torch.testing.assert_close(ours, reference)
     for x, row in zip(logits, ours):  # the candidates: ascending ids, the kept tokens
-        ids, probs = fast_candidates(x, cfg)
+        ids, probs = candidates(x, cfg)
         assert torch.equal(ids[probs > 0], row.nonzero().flatten()) and torch.equal(probs, row[ids])
 
 
 def test_bfloat16_logits_warp_as_their_float32_copy() -> None:
-    """The fast warp casts only the candidates to fp32: the same as casting the whole row first, as the textbook does."""
+    """bfloat16 logits warp as their float32 copy: the rule runs in fp32 (only top-k's choice reads the bf16 row)."""
     logits = rows(4096, 5, seed=9).bfloat16()
     for cfg in (SamplerConfig(top_k=64, top_p=0.95), SamplerConfig(top_k=0, top_p=0.9), SamplerConfig(0.5, 0, 1.0)):
-        assert torch.equal(fast_warp(logits, cfg), fast_warp(logits.float(), cfg))
         assert torch.equal(warp(logits, cfg), warp(logits.float(), cfg))
+        assert torch.equal(whole(logits, cfg), whole(logits.float(), cfg))
 
 
 def test_top_p_ties_keep_the_higher_ids_as_a_stable_sort() -> None:
     flat = torch.zeros(1, 4)  # 0.25 each: top-p 0.5 keeps two of four equal tokens
-    assert fast_warp(flat, SamplerConfig(top_p=0.5))[0].tolist() == [0.0, 0.0, 0.5, 0.5]
-    assert torch.equal(fast_warp(flat, SamplerConfig(top_p=0.5)), warp(flat, SamplerConfig(top_p=0.5)))
+    assert warp(flat, SamplerConfig(top_p=0.5))[0].tolist() == [0.0, 0.0, 0.5, 0.5]
+    assert torch.equal(warp(flat, SamplerConfig(top_p=0.5)), whole(flat, SamplerConfig(top_p=0.5)))
     big = torch.zeros(1, 8192)  # a large flat row: the sliced pass must hand the ties to the exact one
     cfg = SamplerConfig(top_p=0.25)
-    assert torch.equal(fast_warp(big, cfg) > 0, warp(big, cfg) > 0)
+    assert torch.equal(warp(big, cfg) > 0, whole(big, cfg) > 0)
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (5, 1.0), (0, 0.9), (5, 0.9), (0, 1e-9)])
@@ -150,7 +148,7 @@ def test_numeric_edges_never_give_nan(top_k: int, top_p: float) -> None:
     x = torch.tensor([[0.5, 2.0, -1.0, 2.0, 1.0, float("-inf")]])
     one = torch.full((1, 6), float("-inf"))
     one[0, 4] = -3.0  # all -inf but one
-    for temperature, warper in itertools.product((1e-40, 1e-45, 1e-30, 1e-3, 1.0, 1e30, 3e38), (fast_warp, warp)):
+    for temperature, warper in itertools.product((1e-40, 1e-45, 1e-30, 1e-3, 1.0, 1e30, 3e38), (warp, whole)):
         cfg = SamplerConfig(temperature, top_k, top_p)  # 1e-40, 1e-45: subnormal
         probs = warper(x, cfg)
         assert not probs.isnan().any(), (temperature, probs)
@@ -160,7 +158,6 @@ def test_numeric_edges_never_give_nan(top_k: int, top_p: float) -> None:
             expected = [0, 0, 0, 1, 0, 0] if top_p < 0.5 else [0, 0.5, 0, 0.5, 0, 0]  # top-p: the later tie
             assert probs[0].tolist() == expected
             assert sample(x, cfg, TOKEN_STREAM, [7])[0] in (1, 3)
-            assert sample(x, cfg, TOKEN_STREAM, [7], fast_candidates)[0] in (1, 3)
     assert kept([0.0, 5.0, 1.0], top_p=1e-9, top_k=0) == [1]
 
 
@@ -200,18 +197,6 @@ def test_tensor_hash_is_splitmix64_on_python_ints(device: str) -> None:
     assert keyed_uniform(3, ACCEPT_STREAM, 11) == float(uniform_from_bits(bits)[0])  # the same bits, on the CPU in Python
 
 
-def test_top_p_by_sorting_equals_top_p_by_value_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off the CPU top-p sorts the whole set (the same sums in the same order on every run); on the CPU it cuts
-    value slices first. Both keep the same tokens: the sort path forced on the CPU, against the slices."""
-    logits = rows(262_144 // 8, 6, seed=9)
-    cfgs = [SamplerConfig(temperature=t, top_k=0, top_p=p) for t in (0.7, 1.0) for p in (0.5, 0.9, 0.99)]
-    sliced = [fast_candidates(x, cfg) for cfg in cfgs for x in logits]
-    monkeypatch.setattr(gemma4.fast.sampling, "SMALL", 1 << 40)  # every set is "small": the sorted pass alone
-    for (ids, probs), (cfg, x) in zip(sliced, [(cfg, x) for cfg in cfgs for x in logits]):
-        sorted_ids, sorted_probs = fast_candidates(x, cfg)
-        assert torch.equal(ids, sorted_ids) and torch.equal(probs, sorted_probs)
-
-
 def test_a_tokens_noise_does_not_depend_on_the_other_candidates() -> None:
     full = exponential_noise(5, TOKEN_STREAM, 42, torch.arange(4096))  # (V,)
     some = torch.tensor([7, 100, 4095, 2048])
@@ -220,13 +205,12 @@ def test_a_tokens_noise_does_not_depend_on_the_other_candidates() -> None:
     # so a draw from warped logits equals the draw over the whole vocabulary, and the dense form's
     logits = rows(4096, 4, seed=3)
     for cfg in (SamplerConfig(top_k=64, top_p=0.95), SamplerConfig(top_k=0), SamplerConfig(top_k=0, top_p=0.9)):
-        probs = warp(logits, cfg)
+        probs = whole(logits, cfg)
         positions = [10, 11, 12, 13]
         everywhere = [int((probs[i].double() / exponential_noise(0, TOKEN_STREAM, n, torch.arange(4096))).argmax())
                       for i, n in enumerate(positions)]
-        dense = keyed_sample(fast_warp(logits, cfg), 0, TOKEN_STREAM, positions)
-        fast = sample(logits, cfg, TOKEN_STREAM, positions, fast_candidates)
-        assert sample(logits, cfg, TOKEN_STREAM, positions) == fast == everywhere == dense
+        dense = keyed_sample(warp(logits, cfg), 0, TOKEN_STREAM, positions)
+        assert sample(logits, cfg, TOKEN_STREAM, positions) == everywhere == dense
 
 
 def test_an_exact_tie_goes_to_the_lowest_id() -> None:
@@ -334,9 +318,10 @@ def test_sample_drafting_gives_the_centroid_filler_probability_zero(models) -> N
     out = target.run(torch.tensor([p]))
     t = len(p)
     sampler = SamplerConfig(temperature=1.0)  # no top-k/top-p: only the filler can make zeros
-    drafts, q = drafter.propose(target, p[-1], out.hidden[0, -2], t - 1,
+    drafts, q = drafter.propose(target, [p[-1]], out.hidden[:, -2], [t - 1],
                                 {kind: KV(k[:, :, :t - 1], v[:, :, :t - 1], t - 1) for kind, (k, v, _) in out.shared_kv.items()},
-                                3, sampler)
+                                3, [sampler])
+    drafts, q = drafts[0].tolist(), q[0]  # the one row
     assert q.shape == (3, 512)
     torch.testing.assert_close(q.sum(dim=-1), torch.ones(3))
     assert ((q > 0).sum(dim=-1) == 128).all()  # the 4 chosen clusters' tokens, nothing else

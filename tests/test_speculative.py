@@ -124,7 +124,8 @@ def reference_loop(
         t = len(seq) - 1
         k_eff = length.next(max_new - (len(seq) - len(prompt_ids)) - 1)  # the schedule's K, within the budget
         before = target.run(torch.tensor([seq[:t]]))  # positions 0..t-1, fresh
-        drafts = drafter.draft(target, seq[t], before.hidden[0, -1], t, before.shared_kv, k_eff) if k_eff else []
+        drafts = drafter.propose(target, [seq[t]], before.hidden[:, -1], [t], before.shared_kv, k_eff)[0][0].tolist() \
+            if k_eff else []
         greedy = target(torch.tensor([seq + drafts]))[0, t:].argmax(-1).tolist()  # g_0..g_K
         a = 0
         while a < len(drafts) and drafts[a] == greedy[a]:
@@ -185,9 +186,9 @@ def test_cache_length_and_statistics_match_a_recount(models, monkeypatch: pytest
                 seen.append((start_pos, cache.length, committed[0]))
             return run(ids, cache, start_pos, num_logits)
 
-        def spy_propose(*args):  # noqa: ANN002, ANN202 (target, token, hidden, t, kv, k, sampler)
+        def spy_propose(*args):  # noqa: ANN002, ANN202 (target, tokens, hidden, t, kv, k, samplers)
             drafts, q = propose(*args)
-            proposals.append((args[3], list(drafts)))
+            proposals.append((args[3][0], drafts[0].tolist()))  # the one row
             return drafts, q
 
         monkeypatch.setattr(target, "run", spy)

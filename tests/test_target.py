@@ -129,18 +129,17 @@ def test_stop_ids_are_read_from_the_written_checkpoint(checkpoint: tuple[str, Pa
 
 
 def test_plain_decoding_says_why_it_ended(tmp_path: Path) -> None:
-    """plain_generate's finish reason is the loop's own ("stop" at a stop id, kept; "length" at the budget or the
+    """decode's finish reason is the loop's own ("stop" at a stop id, kept; "length" at the budget or the
     context), the tokens sample_generate's; a batch row's is its solo run's."""
-    from gemma4 import SamplerConfig, plain_generate, sample_generate
-    from gemma4.extras.batch import plain_generate_batch
+    from gemma4 import SamplerConfig, decode, sample_generate
     model = load_target(write_target(tmp_path, "e2b"))
     ids, greedy = prompt(8, 12), SamplerConfig(0.0)
-    free = plain_generate(model, ids, 10, greedy)
+    [free] = decode(model, [ids], 10, [greedy])
     assert free == (sample_generate(model, ids, 10, greedy), "length") and len(free.tokens) == 10
     stop = free.tokens[3]
-    stopped = plain_generate(model, ids, 10, greedy, stop_ids=[stop])
+    [stopped] = decode(model, [ids], 10, [greedy], stop_ids=[stop])
     assert stopped.finish_reason == "stop" and stopped.tokens == free.tokens[:free.tokens.index(stop) + 1]
     context = model.config.max_position_embeddings
     long = prompt(9, context - 2)
-    assert plain_generate(model, long, 10, greedy) == (plain_generate(model, long, 2, greedy).tokens, "length")
-    assert plain_generate_batch(model, [ids, ids], 10, [greedy, greedy], [[], [stop]]) == [free, stopped]
+    assert decode(model, [long], 10) == [(decode(model, [long], 2)[0].tokens, "length")]
+    assert decode(model, [ids, ids], 10, [greedy, greedy], [[], [stop]]) == [free, stopped]

@@ -21,11 +21,9 @@ from gemma4 import (
     Gemma4Model, Gemma4Tokenizer, KVCache, SamplerConfig, greedy_generate, load_target, reference_greedy,
 )
 from gemma4.extras.memory import cache_bytes
-from gemma4.extras.batch import greedy_generate_batch, prefill_rows
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
-from gemma4.generate import plain_generate, prefill, sample_generate
-from mtp import Conversation, DraftLength, load_drafter, speculative_generate
-from mtp.extras.batch import speculative_generate_batch
+from gemma4.generate import decode, prefill, sample_generate
+from mtp import Conversation, DraftLength, load_drafter, speculative_generate, speculative_generate_batch
 from mtp.extras.conversation import common_prefix
 from mtp.speculative import target_kv
 from tests.checkpoints import SHAPES, STOP_IDS
@@ -133,8 +131,8 @@ def test_chunked_prefill_logits_within_the_float64_bound(float64_e2b, chunk: int
     chunked64 = chunked_logits(target64, ODD, chunk, cache)
     assert cache.frontier > 2 * cache.ring  # wrapped twice at least
     within_bound(chunked, one_pass, chunked64, one_pass64, target32.config.num_layers)
-    _, out = prefill(target64, ODD, 1, ring(target64, len(ODD) + 1, slack=chunk), 0)
-    same_math(out.logits[0, -1], one_pass64[-1])
+    logits, _ = prefill(target64, ring(target64, len(ODD) + 1, slack=chunk), [ODD])
+    same_math(logits[0], one_pass64[-1])
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 5, 7])
@@ -144,12 +142,12 @@ def test_chunked_prefill_tokens_equal_one_pass(models, chunk: int) -> None:  # n
     target, _ = models["e2b", "random"]  # the plain target
     n = len(ODD) + NEW
     for sampler in (GREEDY, SAMPLER):
-        one_pass = plain_generate(target, ODD, NEW, sampler)
+        one_pass = sample_generate(target, ODD, NEW, sampler)
         cache = ring(target, n, slack=chunk)
-        assert plain_generate(target, ODD, NEW, sampler, cache=cache).tokens == one_pass.tokens
+        assert sample_generate(target, ODD, NEW, sampler, cache=cache) == one_pass
         assert cache.frontier == n - 1 > 4 * cache.ring
-    assert plain_generate(target, ODD, NEW, GREEDY, prefill_chunk=chunk).tokens == \
-        plain_generate(target, ODD, NEW, GREEDY).tokens  # prefill_chunk= on a cache the call makes
+    assert sample_generate(target, ODD, NEW, GREEDY, prefill_chunk=chunk) == \
+        sample_generate(target, ODD, NEW, GREEDY)  # prefill_chunk= on a cache the call makes
 
 
 # ---------------------------------------------------------------- speculative == plain == cache-free
@@ -176,7 +174,7 @@ def test_speculative_equals_plain_and_cache_free(models, shape: str, k: int) -> 
     expected = reference(target, PROMPT, NEW)
     n = len(PROMPT) + NEW
     cache = ring(target, n)
-    assert plain_generate(target, PROMPT, NEW, GREEDY, cache=cache).tokens == expected
+    assert sample_generate(target, PROMPT, NEW, GREEDY, cache=cache) == expected
     for name, drafter in (("echo", echo), ("random", models[shape, "random"][1])):
         cache = ring(target, n)
         result = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(k), cache=cache)
@@ -231,7 +229,7 @@ def test_batch_rows_equal_solo_runs(models) -> None:  # noqa: ANN001
     prompts = [ids(5, 2), ids(70, 3), ids(150, 4)]
     budgets = [60, 40, 30]  # positions up to 65, 110 and 180
     expected = [greedy_generate(target, p, n) for p, n in zip(prompts, budgets)]  # one prefill, no wrap
-    assert greedy_generate_batch(target, prompts, budgets, prefill_chunk=64) == expected
+    assert [r.tokens for r in decode(target, prompts, budgets, prefill_chunk=64)] == expected
     batch = speculative_generate_batch(target, drafter, prompts, budgets, DraftLength(4), prefill_chunk=64)
     for b, (p, n) in enumerate(zip(prompts, budgets)):
         solo = speculative_generate(target, drafter, p, n, DraftLength(4), prefill_chunk=64)
@@ -248,7 +246,7 @@ def test_batch_rows_on_a_tiny_ring(float64_e2b) -> None:  # noqa: ANN001
     target, _, _ = float64_e2b
     prompts = [ids(5, 5), ids(17, 6), ids(40, 7)]
     cache = ring(target, 80, batch=3)
-    logits, _ = prefill_rows(target, cache, prompts, chunk=SLACK)  # (B, V)
+    logits, _ = prefill(target, cache, prompts, chunk=SLACK)  # (B, V)
     seqs = [list(p) for p in prompts]
     for b, seq in enumerate(seqs):
         same_math(logits[b], target(torch.tensor([seq]))[0, -1])
@@ -307,7 +305,7 @@ def test_textbook_modules_on_a_small_ring(make_pair) -> None:  # noqa: ANN001
     target, drafter = load_target(target_dir, fast=False), load_drafter(assistant_dir, fast=False)
     expected = reference(target, PROMPT, NEW)
     n = len(PROMPT) + NEW
-    assert plain_generate(target, PROMPT, NEW, GREEDY, cache=ring(target, n)).tokens == expected
+    assert sample_generate(target, PROMPT, NEW, GREEDY, cache=ring(target, n)) == expected
     result = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(4), cache=ring(target, n))
     assert result.tokens == expected and 0 < result.stats.acceptance_rate < 1
 
@@ -401,7 +399,7 @@ def test_a_rollback_past_the_ring(float64_e2b) -> None:  # noqa: ANN001
     far = 20  # the ring (13) has wrapped past it: slots of 20..26 now hold 33..39
     assert not cache.holds(far)
     with pytest.raises(ValueError, match="no longer holds"):
-        prefill(target, PROMPT, 1, cache, far)
+        prefill(target, cache, [PROMPT], far)
     cache.length = far  # trust the reused slots
     far_off(target.run(torch.tensor([PROMPT[far:far + SLACK]]), cache, far).logits[0], one_pass[far:far + SLACK],
             target.config.num_layers)

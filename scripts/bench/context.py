@@ -42,7 +42,7 @@ from gemma4.cache import PREFILL_CHUNK, ring_slack
 from gemma4.extras.memory import cache_bytes
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.config_file import read_json, text_config_from_dict
-from gemma4.generate import decode, greedy_choice, prefill
+from gemma4.generate import decode, prefill
 from mtp import DraftLength, load_drafter, speculative_generate
 
 BF16 = torch.bfloat16
@@ -134,18 +134,18 @@ def rss_child(model_dir: Path, length: int, mode: str, chunk: int, threads: int)
     torch.set_num_threads(threads)
     model = load_target(model_dir, dtype=BF16)
     prompt = random_prompt(model_dir, length)
-    decode(model, prompt[:8], 1, greedy_choice)  # pages the weights in, warms the allocator
+    decode(model, [prompt[:8]], 1)  # pages the weights in, warms the allocator
     base = status_mib()
     separate = reset_peak()
     capacity = length + NEW_TOKENS
     start = time.perf_counter()
     if mode == "after":
         slack = ring_slack(chunk)
-        tokens = decode(model, prompt, NEW_TOKENS, greedy_choice, prefill_chunk=chunk).tokens
+        tokens = decode(model, [prompt], NEW_TOKENS, prefill_chunk=chunk)[0].tokens
     else:  # the single forward over a cache keeping every position
         slack = capacity
         cache = KVCache(model.config, capacity, dtype=BF16, slack=slack)
-        tokens = decode(model, prompt, NEW_TOKENS, greedy_choice, cache=cache, prefill_chunk=length).tokens
+        tokens = decode(model, [prompt], NEW_TOKENS, cache=cache, prefill_chunk=length)[0].tokens
     seconds = time.perf_counter() - start
     peak_kib = status_mib()["VmHWM"] * 1024 if separate else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"peak_over_loaded_bytes": int(peak_kib * 1024 - base["VmRSS"] * 2**20),
@@ -221,7 +221,7 @@ def decode_section(root: Path, target_dir: Path, assistant_dir: Path, k: int, si
         prompt = long_prompt(target_dir, n)
         cache = KVCache(target.config, n + tokens)  # (B, K, n + tokens, D) full layers; rings of W + 512
         start = time.perf_counter()
-        prefill(target, prompt, tokens, cache, 0)
+        prefill(target, cache, [prompt])
         prefill_s = time.perf_counter() - start
         stats: dict[str, Any] = {}
 
@@ -230,7 +230,7 @@ def decode_section(root: Path, target_dir: Path, assistant_dir: Path, k: int, si
             stats["acceptance_rate"] = result.stats.acceptance_rate
             return result.tokens
 
-        runs = {"plain": lambda: decode(target, prompt, tokens, greedy_choice, cache=cache, reuse=n - 1).tokens,
+        runs = {"plain": lambda: decode(target, [prompt], tokens, cache=cache, reuse=n - 1)[0].tokens,
                 "spec": spec}  # each run: prompt[n-1] prefilled over the K/V of the rest, then `tokens` decoded
         seconds, outputs = interleaved(runs, reps, warm_up=runs)
         speed = {name: [tokens / s for s in secs] for name, secs in seconds.items()}
