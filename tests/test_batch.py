@@ -84,7 +84,7 @@ def test_every_row_adapts_its_own_draft_length(pairs, schedule: str) -> None:  #
     target, drafter = pairs["dense"]
     length = DraftLength(2, schedule)
     batch = speculative_generate_batch(target, drafter, PROMPTS, BUDGETS, length)
-    assert length.current == 2  # the batch leaves the caller's schedule as it was
+    assert length.k == 2  # the batch leaves the caller's schedule as it was
     solo = [speculative_generate(target, drafter, p, n, DraftLength(2, schedule)) for p, n in zip(PROMPTS, BUDGETS)]
     assert [rounds(r) for r in batch] == [rounds(r) for r in solo]
     assert len({len(d) for r in batch for d, _ in rounds(r)}) > 1  # the draft lengths did move
