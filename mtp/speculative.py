@@ -18,8 +18,7 @@ Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4)
   distribution, not token-equal to plain sampling.
 """
 
-import time
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,21 +31,16 @@ from mtp.accept import accept, cut_at_stop, first_token
 from mtp.drafter import Drafter
 from mtp.stats import SpecResult, SpecStats
 
+if TYPE_CHECKING:  # the loop only calls a schedule: next(room), observe(k, accepted), start_call()
+    from mtp.schedule import DraftLength
+
 DRAFTING = ("argmax", "sample")
-
-
-class Schedule(Protocol):
-    """What the loop asks of a draft-length schedule (mtp/schedule.py `DraftLength`): K for the next round, in
-    0..room (K = 0 is a plain decode step), then the round's outcome and what its two phases cost."""
-    def start_call(self) -> None: ...
-    def next(self, room: int) -> int: ...
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
 
 
 @torch.inference_mode()
 def speculative_generate(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
-    draft_length: Schedule, stop_ids: list[int] | tuple[int, ...] = (),
+    draft_length: "DraftLength", stop_ids: list[int] | tuple[int, ...] = (),
     sampler: SamplerConfig | None = None, drafting: str = "argmax",
     on_commit=None,  # noqa: ANN001 (optional callback(tokens, from_drafter flags) for streaming)
     cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
@@ -83,10 +77,8 @@ def speculative_generate(
                                   cache.slack - 1))
 
         # 2. Draft d_1..d_K from (seq[t], h[t-1], position t) and the target's K/V of 0..t-1.
-        start = time.perf_counter()
         drafts, q = drafter.propose(target, seq[t], hidden, t, target_kv(cache, target, t), k,
                                     draft_sampler) if k else ([], None)
-        drafted = time.perf_counter()
 
         # 3. Verify [seq[t], d_1..d_K] at positions t..t+K in one target forward.
         out = target.run(torch.tensor([[seq[t]] + drafts]), cache, start_pos=t)
@@ -94,8 +86,7 @@ def speculative_generate(
 
         # 4. Accept a prefix of the drafts: greedy token equality, or the sampling rules (mtp/accept.py).
         a, last = accept(drafts, out.logits[0], sampler, t, q, target.sampler_candidates)
-        verified = time.perf_counter()  # the accepted count is on the host: the verify has finished
-        draft_length.observe(k, a, drafted - start, verified - drafted)
+        draft_length.observe(k, a)
 
         # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
         block = cut_at_stop(drafts[:a] + [last], stop_ids)
@@ -105,7 +96,7 @@ def speculative_generate(
         cache.length = t + a + 1
         hidden = out.hidden[0, a]  # h[t'-1] with t' = t + a + 1
 
-        stats.record(drafts, a, block, verified - start)
+        stats.record(drafts, a, block)
         if on_commit:
             on_commit(block, [i < min(a, len(block)) for i in range(len(block))])
         # 7. Stop on a committed stop id, the budget or the context: `finish_reason`.

@@ -18,7 +18,6 @@ Shape legend: B rows still in the batch, K drafts, V vocab, E target hidden, D d
 """
 
 import copy
-import time
 from collections.abc import Sequence
 
 import torch
@@ -29,7 +28,7 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, cut_at_stop, first_token
 from mtp.drafter import Drafter
-from mtp.schedule import DraftSchedule
+from mtp.schedule import DraftLength
 from mtp.speculative import check_sampling, check_windows, target_kv
 from mtp.stats import SpecResult, SpecStats
 
@@ -37,7 +36,7 @@ from mtp.stats import SpecResult, SpecStats
 @torch.inference_mode()
 def speculative_generate_batch(
     target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
-    draft_length: DraftSchedule, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+    draft_length: DraftLength, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
     samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax", prefill_chunk: int | None = None,
 ) -> list[SpecResult]:
     """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and
@@ -88,7 +87,7 @@ def speculative_generate_batch(
         #    the drafter's argmax, or (sample drafting) draws from its warped q.
         k = max(k_eff)
         kv = target_kv(cache, target, max(t))  # (B, K, max t, D): row b's keys past t_b - 1 are stale
-        q, start = None, time.perf_counter()
+        q = None
         if k:
             drafted, q = drafter.propose_rows(target, [seqs[b][-1] for b in rows], hidden, t, kv, k,
                                               [samplers[b] for b in rows] if sampled_drafts else None)  # (B, k), (B, k, V)
@@ -96,12 +95,10 @@ def speculative_generate_batch(
         else:
             drafted = [[]] * len(rows)
         drafts = [d[:n] for d, n in zip(drafted, k_eff)]
-        drafted_at = time.perf_counter()
 
         # 3. Verify [seq_b[t_b], d_1..d_K_b] at positions t_b..t_b+K_b, all rows in one target forward.
         ids = torch.tensor([[seqs[b][-1]] + d + [PAD] * (k - len(d)) for b, d in zip(rows, drafts)], device=device)
         out = target.run(ids, cache, start_pos=cache.length)  # logits (B, k+1, V)
-        verify_s = time.perf_counter() - drafted_at  # one forward serves every row: each row sees the batch's costs
 
         accepted = []
         for i, b in enumerate(rows):
@@ -112,9 +109,9 @@ def speculative_generate_batch(
             # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
             block = cut_at_stop(d[:a] + [last], stops[b])
             seqs[b] += block
-            stats[b].record(d, a, block, verify_s)  # as the solo loop keeps them
+            stats[b].record(d, a, block)  # as the solo loop keeps them
             stats[b].target_forwards += 1
-            lengths[b].observe(len(d), a, (drafted_at - start) * len(d) / max(k, 1), verify_s)
+            lengths[b].observe(len(d), a)  # one forward serves every row: each row's round is the batch's
             accepted.append(a)
 
         # 6. Roll back, row by row: positions t_b..t_b+a_b hold committed K/V; the rest is stale.
