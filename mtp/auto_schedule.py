@@ -1,11 +1,22 @@
-"""The `auto` draft-length schedule (mtp/README.md §8), and the argument checks every schedule shares.
+"""The `auto` draft-length schedule (mtp/README.md §8).
 
 `Auto` picks the K in 0..max_k that commits the most tokens per second, by the closed form of README.md
 ("closed form"): with α_j the chance draft j is kept given drafts 1..j-1 were, a round of K drafts commits
-E(K) = 1 + Σ_{j≤K} Π_{i≤j} α_i tokens in time(K) = K·c_draft + c_verify(K+1), and K = 0 is a plain decode step
-(E = 1, time = c_verify(1)). So it is never slower than plain decoding by its own estimates, which it learns
-online from `observe` (α_j, c_draft, c_verify(n)) and keeps across calls. Any of them can be fixed instead
-(`acceptance`, `draft_cost`, `costs`): a fixed quantity is never updated from observations.
+E(K) = 1 + Σ_{j≤K} Π_{i≤j} α_i tokens in time(K) seconds, and K = 0 is a plain decode step (E = 1, time(0)).
+So it is never slower than plain decoding by its own estimates, which it learns online and keeps across calls.
+
+A round's seconds: Auto keeps its own clock (`clock`, time.perf_counter unless given; the loop keeps none for
+it). It reads it at the end of `next` and at the start of `observe`, so time(K) is the whole round as the loop
+runs it: K draft steps, the verify of K + 1 rows, the acceptance and the loop's host work between them. Two
+fixed costs can replace what it measures, with c_draft the seconds of one draft step (`draft_cost`) and
+c_verify(n) those of a verify of n rows (`costs`):
+- both fixed: time(K) = K·c_draft + c_verify(K + 1); the clock is never read.
+- neither: time(K) is learned per K (below).
+- `draft_cost` fixed: time(K) = K·c_draft + R(K), with R(K) = the measured round less its K draft steps (the
+  verify and the host work) learned per K as time(K) is when neither is fixed.
+- `costs` fixed: time(K) = K·c_draft + c_verify(K + 1), with c_draft = (the measured round less
+  c_verify(K + 1)) / K, learned from rounds with K > 0 (at least 0; the host work counts as drafting).
+`acceptance` (α_1..α_max_k) fixes the acceptance. A fixed quantity is never updated from observations.
 
 Estimates:
 - α_j: an exponentially weighted mean with weight WEIGHT = 0.1 per observation, so the last ~10 observations
@@ -15,62 +26,70 @@ Estimates:
   observations the estimate is the plain mean of the prior and them, so a new drafter's first rounds move it at
   once. A position never tested is taken to be as likely as the one before it (acceptance falls with depth: the
   hopeful guess, so deeper drafts get tried).
-- c_draft = draft_seconds / k and c_verify(n) for n = k + 1 rows: the same weight, the first measurement
-  replacing the prior. An unseen n is read off the least-squares line through the seen ones (slope ≥ 0), kept
-  between the bounds that hold for real kernels: more rows never cost less, and never more per row. With one n
-  seen the line is flat (prior slope 0); with none, a verify costs one plain step whatever n. A draft step is
-  DRAFT_PRIOR = 0.1 plain steps until one is timed. Both priors are optimistic (on an accelerator a few rows
-  cost what one does), so K > 0 gets tried and measured rather than ruled out by a guess.
+- time(K) (or R(K)) for a K timed: the running mean with the same weight, the first measurement replacing the
+  prior. An unseen K is read off the least-squares line over the timed K (slope ≥ 0), held between the timed
+  K next to it: more drafts never cost less. Before two K are timed the line is the prior's: a round of K drafts
+  costs 1 + DRAFT_PRIOR·K plain steps (a draft step is 0.1 of a plain step, a verify one plain step whatever
+  its rows; R alone: flat), in plain steps of 1 second with none timed, scaled through the one timed K. c_draft
+  (`costs` fixed) is DRAFT_PRIOR·c_verify(1) until timed. The priors are optimistic (on an accelerator a few
+  rows cost what one does), so K > 0 gets tried and measured rather than ruled out by a guess.
 
 Opening (acceptance not fixed): round one drafts one token, not `initial`, and so does every round until a draft
 is kept (or none, once the estimates say K = 1 does not pay). One draft tests α_1, the only position a drafter
 that is never right is ever tested at (deeper drafts are tested only behind kept ones), for
-Δ = c_draft + c_verify(2) - c_verify(1) over a plain step, where a first round of `initial` = 4 drafts costs
-4·c_draft + c_verify(5) - c_verify(1) (1.6 plain steps against 0.4 at the costs below). The round after the first
-kept draft drafts `initial`, the user's or release's num_assistant_tokens: its guess of K once the drafter has
-shown it can be right; from then on the estimates decide.
+Δ = time(1) - time(0) over a plain step, where a first round of `initial` = 4 drafts costs time(4) - time(0)
+(1.6 plain steps against 0.4 at the costs below). The round after the first kept draft drafts `initial`, the
+user's or release's num_assistant_tokens: its guess of K once the drafter has shown it can be right; from then
+on the estimates decide. When time is learned (`costs` not fixed) and round one's draft was rejected, the next
+round with no draft kept yet and no plain step timed is a plain step: it costs nothing over plain decoding and
+times time(0), so from then on Δ is measured, not the prior's.
 
-A drafter that is never right, in plain steps (c_verify(1) = 1), with r = Δ as the estimates give it: after n
-rejections α_1 = 0.5/(n + 1) (n ≤ 9; then × 0.9 a rejection), and K = 1 pays iff α_1 > r. So the opening ends,
-and K = 0 begins, after the first n ≥ 1 rounds with 0.5/(n + 1) ≤ r: 1 round when r ≥ 1/4, ⌈1/(2r)⌉ - 1 when
-0.05 < r < 1/4. They cost n·Δ ≤ max(Δ, 1/2) over plain decoding. From then on only probes draft (below), Δ each,
-one round in probe_every: over N rounds the overhead is n·Δ + ⌊(N - n)/probe_every⌋·Δ ≤ (n + N/probe_every)·Δ.
-With draft_cost 0.3 and costs(n) = 1 + 0.1(n - 1) fixed, Δ = 0.4: K = 0 from round 2, 0.4 once and 0.025 a
-round after (tests/test_schedule.py). With costs learned, r is c_draft/c_verify(2) until a plain step is timed
-(the line is flat through one n), so the opening may run longer than the true Δ says, each round still costing Δ.
+A drafter that is never right, in plain steps (time(0) = 1), with r = Δ as the estimates give it: after n
+rejections α_1 = 0.5/(n + 1) (n ≤ 9; then × 0.9 a rejection), and K = 1 pays iff (1 + α_1)/(1 + r) > 1, i.e.
+α_1 > r. So the opening ends, and K = 0 begins, after the first n ≥ 1 rounds of K = 1 with 0.5/(n + 1) ≤ r:
+1 round when r ≥ 1/4, ⌈1/(2r)⌉ - 1 when 0.05 < r < 1/4 (time learned: with the free plain step after the
+first). They cost n·Δ ≤ max(Δ, 1/2) over plain decoding. From then on only probes draft (below), Δ each, one
+round in probe_every after the opening's last draft: over N rounds the overhead is at most (n + N/probe_every)·Δ.
+With c_draft = 0.3 and c_verify(n) = 1 + 0.1(n - 1), so time(K) = 1 + 0.4·K, fixed or timed: Δ = 0.4, K = 0
+from round 2, 0.4 once and 0.025 a round after (tests/test_schedule.py). A first round of 4 drafts: 1.6.
 
 Probing: the estimates only test drafts the controller makes, so a stale low α_{K+1} would keep K where it is
 for good (at K = 0 nothing tests α_1: no recovery when the text turns easy). One round in every `probe_every`
-(PROBE_EVERY = 16) drafts one more than the estimates say (until a draft is kept, at most one): at K = 0 one draft
-step plus a 2-row verify instead of a 1-row one, Δ/probe_every a round (2.5% of a plain step at the costs above).
-A probe whose extra draft is kept is followed by another the next round (after the `initial` round, for the first
-kept draft), so an easy stretch is found in about probe_every + 4 rounds. No probes when `acceptance` is fixed:
-they would learn nothing.
+(PROBE_EVERY = 16) drafts one more than the estimates say (until a draft is kept, at most one): at K = 0 a round
+of one draft instead of a plain step, Δ/probe_every a round (2.5% of a plain step at the costs above). A probe
+whose extra draft is kept is followed by another the next round (after the `initial` round, for the first kept
+draft), so an easy stretch is found in about probe_every + 4 rounds. No probes when `acceptance` is fixed: they
+would learn nothing.
 
-Work per round: `observe` updates at most k + 1 estimates and refits the verify line (one pass over the n timed,
-at most max_k + 1); `next` runs one loop over K, reading each verify cost off the line and its bounds; no
-container is built. `estimates()` builds its table only when asked, for the statistics at the end of a run.
+Work per round: `observe` updates at most k + 1 estimates and refits the line (one pass over the K timed, at
+most max_k + 1); `next` runs one loop over K, reading each time off the line and its bounds; no container is
+built. `estimates()` builds its table only when asked, for the statistics at the end of a run.
 """
 
-import math
+import time
 from collections.abc import Callable, Sequence
 
-WEIGHT = 0.1  # EWMA weight of one observation (α_j and costs)
+from mtp.schedule import DraftLength, check_initial, check_name, check_room, check_round
+
+WEIGHT = 0.1  # EWMA weight of one observation (α_j and seconds)
 ALPHA_PRIOR = 0.5  # α_j before any test of draft j
 DRAFT_PRIOR = 0.1  # a draft step, in plain steps, before one is timed
 PROBE_EVERY = 16  # one round in this many drafts one more than the estimates say
 MAX_K = 8
 
 
-class Auto:
+class Auto(DraftLength):
     """K in 0..max_k by the closed form and the estimates above. `costs` (seconds of a verify of n rows),
-    `draft_cost` (seconds of one draft step) and `acceptance` (α_1..α_max_k) fix what they name."""
+    `draft_cost` (seconds of one draft step) and `acceptance` (α_1..α_max_k) fix what they name; `clock` (seconds,
+    time.perf_counter unless given) times the rounds."""
 
     schedule = "auto"
 
-    def __init__(self, initial: int, max_k: int = MAX_K, costs: Callable[[int], float] | None = None,
-                 draft_cost: float | None = None, acceptance: Sequence[float] | None = None,
-                 probe_every: int = PROBE_EVERY) -> None:
+    def __init__(self, initial: int, schedule: str | None = None, max_k: int = MAX_K,
+                 costs: Callable[[int], float] | None = None, draft_cost: float | None = None,
+                 acceptance: Sequence[float] | None = None, probe_every: int = PROBE_EVERY,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        check_name(self, schedule)
         check_initial(initial)
         if max_k < 1:
             raise ValueError(f"max_k (the most drafts per round) must be at least 1, got {max_k}")
@@ -85,14 +104,15 @@ class Auto:
         if draft_cost is not None and draft_cost < 0:
             raise ValueError(f"draft_cost must be at least 0 seconds, got {draft_cost}")
         self.initial, self.max_k, self.probe_every = initial, max_k, probe_every
-        self.costs, self.draft_cost = costs, draft_cost
+        self.costs, self.draft_cost, self.clock = costs, draft_cost, clock
         self.acceptance = list(acceptance) if acceptance is not None else None
-        # the estimates: α_j at alpha[j-1], seconds per draft step, seconds per verify of n rows
+        # the estimates: α_j at alpha[j-1]; R(K) per K timed (time(K) less any fixed draft steps); c_draft
         self.alpha = list(self.acceptance) if self.acceptance is not None else [ALPHA_PRIOR] * max_k
         self.tested = [0] * max_k  # observations behind alpha[j-1]
-        self.draft_s: float | None = draft_cost
-        self.verify_s: dict[int, float] = {}  # n -> EWMA of measured seconds (costs fixed: unused)
-        self.line = (0.0, 0.0, 0.0)  # the least-squares line through verify_s: mean n, mean seconds, slope
+        self.rest_s: dict[int, float] = {}  # K -> EWMA of R(K) in seconds (`costs` fixed: unused)
+        self.line = (0.0, 0.0, 0.0)  # the least-squares line through rest_s: mean K, mean seconds, slope
+        self.draft_s: float | None = None  # c_draft learned when only `costs` is fixed
+        self.started: float | None = None  # the clock at the end of next(): the round's start
         self.kept_any = False  # a draft has been kept: the opening is over
         self.initial_due = False  # the next round with room drafts `initial` (the first kept draft was just seen)
         self.since_probe = 0  # rounds since the last probe
@@ -103,28 +123,15 @@ class Auto:
         pass  # the estimates carry across calls
 
     def next(self, room: int) -> int:
-        """K for this round, 0..room, where room is how many drafts the budget allows."""
         check_room(room)
-        self.probing = False
-        if self.acceptance is not None:  # nothing to learn: the closed form alone, no opening, no probes
-            return self.best(min(self.max_k, room))
-        if self.initial_due and room > 0:  # the round after the first kept draft: the user's guess, no probe
-            self.initial_due = False
-            return min(self.initial, room)
-        deepest = self.max_k if self.kept_any else 1  # until a draft is kept, deeper ones would go untested
-        top = min(deepest, room)
-        k = top if self.tested[0] == 0 else self.best(top)  # round one tests α_1 whatever the priors say
-        if room > 0:
-            self.since_probe += 1
-            if k == deepest:
-                self.since_probe = 0  # nothing deeper to test
-            elif self.since_probe >= self.probe_every and k < top:
-                k, self.since_probe, self.probing = k + 1, 0, True
+        k = self.choose(room)
+        self.started = self.clock() if self.timed() else None  # last: the round starts when K is known
         return k
 
-    def observe(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """One round: k drafts (draft_seconds), a verify of k + 1 rows (verify_seconds), `accepted` kept."""
-        check_round(k, accepted, draft_seconds, verify_seconds)
+    def observe(self, k: int, accepted: int) -> None:
+        """The round since the last next(): k drafts, `accepted` kept, its seconds off the clock."""
+        now = self.clock() if self.started is not None else None  # first: the round ends when its outcome is in
+        check_round(k, accepted)
         if k > self.max_k:
             raise ValueError(f"k={k} is above max_k={self.max_k}")
         if self.acceptance is None:
@@ -136,23 +143,53 @@ class Auto:
                 self.alpha[j] += weight * (float(j < accepted) - self.alpha[j])
             if accepted and not self.kept_any:
                 self.kept_any = self.initial_due = True
-        if self.draft_cost is None and k > 0:
-            self.draft_s = ewma(self.draft_s, draft_seconds / k)
-        if self.costs is None:
-            self.verify_s[k + 1] = ewma(self.verify_s.get(k + 1), verify_seconds)
-            self.line = fit(self.verify_s)  # once a round, not once per n read off it
+        if now is not None:
+            self.learn(k, max(0.0, now - self.started))
+        self.started = None  # a round is timed once
         if self.probing and accepted == k:
             self.since_probe = self.probe_every - 1  # the text may have turned easy: probe again next round
 
-    def update(self, accepted: int, drafted: int) -> None:
-        """The former API's rule after a round: auto has none."""
-        raise ValueError("the auto schedule learns from observe(k, accepted, draft_seconds, verify_seconds)")
+    def choose(self, room: int) -> int:
+        """K for this round: the opening, the `initial` round, the estimates' choice or a probe (docstring)."""
+        self.probing = False
+        if self.acceptance is not None:  # nothing to learn: the closed form alone, no opening, no probes
+            return self.best(min(self.max_k, room))
+        if self.initial_due and room > 0:  # the round after the first kept draft: the user's guess, no probe
+            self.initial_due = False
+            return min(self.initial, room)
+        deepest = self.max_k if self.kept_any else 1  # until a draft is kept, deeper ones would go untested
+        top = min(deepest, room)
+        if self.tested[0] == 0:
+            k = top  # round one tests α_1 whatever the priors say
+        elif not self.kept_any and self.costs is None and 0 not in self.rest_s:
+            k = 0  # time a plain step, free over plain decoding: Δ measured from now on
+        else:
+            k = self.best(top)
+        if room > 0:
+            self.since_probe += 1
+            if k == deepest:
+                self.since_probe = 0  # nothing deeper to test
+            elif self.since_probe >= self.probe_every and k < top:
+                k, self.since_probe, self.probing = k + 1, 0, True
+        return k
 
     # ------------------------------------------------------------------ the model
+    def timed(self) -> bool:
+        """Whether rounds are timed: something about time(K) is learned."""
+        return self.costs is None or self.draft_cost is None
+
+    def learn(self, k: int, seconds: float) -> None:
+        """A round of k drafts took `seconds`: update what is not fixed."""
+        if self.costs is None:
+            rest = max(0.0, seconds - k * (self.draft_cost or 0.0))
+            self.rest_s[k] = ewma(self.rest_s.get(k), rest)
+            self.line = fit(self.rest_s)  # once a round, not once per K read off it
+        elif k > 0:  # only the draft step is learned
+            self.draft_s = ewma(self.draft_s, max(0.0, (seconds - self.costs(k + 1)) / k))
+
     def best(self, top: int) -> int:
         """argmax over K in 0..top of E(K) / time(K); ties go to the smaller K (fewer wasted drafts)."""
-        draft = self.draft_step()
-        best_k, best_rate = 0, 1.0 / max(self.verify(1), 1e-12)  # a zero-time verify would divide by 0
+        best_k, best_rate = 0, 1.0 / max(self.time(0), 1e-12)  # a zero-time round would divide by 0
         expected, kept, alpha = 1.0, 1.0, ALPHA_PRIOR  # E(K), Π_{i≤K} α_i, α_K
         for k in range(1, top + 1):
             # A position never tested is taken as likely as the one before it: acceptance falls with depth,
@@ -160,42 +197,50 @@ class Auto:
             alpha = self.alpha[k - 1] if self.tested[k - 1] or self.acceptance is not None or k == 1 else alpha
             kept *= alpha
             expected += kept
-            rate = expected / max(k * draft + self.verify(k + 1), 1e-12)
+            rate = expected / max(self.time(k), 1e-12)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
 
-    def draft_step(self) -> float:
-        """Seconds of one draft step: fixed, measured, or DRAFT_PRIOR plain steps."""
-        return self.draft_s if self.draft_s is not None else DRAFT_PRIOR * self.verify(1)
-
-    def verify(self, n: int) -> float:
-        """Seconds of a verify of n rows (n = 1: a plain decode step)."""
+    def time(self, k: int) -> float:
+        """Seconds of a round of k drafts (k = 0: a plain decode step)."""
         if self.costs is not None:
-            return self.costs(n)
-        seen = self.verify_s
-        if n in seen:
-            return seen[n]
-        if not seen:  # no timing: one plain step, or the plain step the fixed draft cost implies
-            return self.draft_cost / DRAFT_PRIOR if self.draft_cost else 1.0
-        mean_n, mean_v, slope = self.line
-        line = mean_v + slope * (n - mean_n)
-        lo, hi = 0.0, math.inf  # more rows never cost less, nor more per row
-        for m, v in seen.items():
-            if m < n:
-                lo, hi = max(lo, v), min(hi, v * n / m)
+            return k * self.draft_step() + self.costs(k + 1)
+        return k * (self.draft_cost or 0.0) + self.rest(k)
+
+    def draft_step(self) -> float:
+        """Seconds of one draft step when `costs` is fixed: fixed, measured, or DRAFT_PRIOR plain steps."""
+        if self.draft_cost is not None:
+            return self.draft_cost
+        return self.draft_s if self.draft_s is not None else DRAFT_PRIOR * self.costs(1)
+
+    def rest(self, k: int) -> float:
+        """R(k): the seconds of a round of k drafts less its fixed draft steps, if any."""
+        seen = self.rest_s
+        if k in seen:
+            return seen[k]
+        slope = DRAFT_PRIOR if self.draft_cost is None else 0.0  # the prior's, per plain step
+        if len(seen) < 2:  # the prior's line, in plain steps: of 1 second, or scaled through the one K timed
+            if seen:
+                (j, r), = seen.items()
+                plain = r / (1 + slope * j)
             else:
-                lo, hi = max(lo, v * n / m), min(hi, v)
+                plain = self.draft_cost / DRAFT_PRIOR if self.draft_cost else 1.0
+            return plain * (1 + slope * k)
+        mean_k, mean_s, slope = self.line
+        line = mean_s + slope * (k - mean_k)
+        lo = max((s for j, s in seen.items() if j < k), default=0.0)  # more drafts never cost less
+        hi = min((s for j, s in seen.items() if j > k), default=float("inf"))
         return min(max(line, lo), max(lo, hi))
 
     def estimates(self) -> dict:
-        """What `auto` decides on, for statistics: "alpha" (α_1..α_max_k), "tested" (observations per
-        α_j), "draft_s", "verify_s" (n -> seconds for n = 1..max_k+1, measured or read off the line),
-        "measured" (the n timed), "plain_s". Before any timing the unit is one plain step."""
+        """What `auto` decides on, for statistics: "alpha" (α_1..α_max_k), "tested" (observations per α_j),
+        "round_s" (K -> seconds of a round of K drafts, K = 0..max_k: measured, read off the line or fixed),
+        "measured" (the K timed) and "plain_s" (time(0)). Before any timing the unit is one plain step."""
         return {
-            "alpha": list(self.alpha), "tested": list(self.tested), "draft_s": self.draft_step(),
-            "verify_s": {n: self.verify(n) for n in range(1, self.max_k + 2)},
-            "measured": sorted(self.verify_s), "plain_s": self.verify(1),
+            "alpha": list(self.alpha), "tested": list(self.tested),
+            "round_s": {k: self.time(k) for k in range(self.max_k + 1)},
+            "measured": sorted(self.rest_s), "plain_s": self.time(0),
         }
 
 
@@ -205,27 +250,9 @@ def ewma(old: float | None, x: float) -> float:
 
 
 def fit(seen: dict[int, float]) -> tuple[float, float, float]:
-    """The least-squares line through the timed (n, seconds): mean n, mean seconds and slope (at least 0; flat
-    through a single n)."""
-    mean_n, mean_v = sum(seen) / len(seen), sum(seen.values()) / len(seen)
-    spread = sum((m - mean_n) ** 2 for m in seen)
-    slope = max(0.0, sum((m - mean_n) * (v - mean_v) for m, v in seen.items()) / spread) if spread else 0.0
-    return mean_n, mean_v, slope
-
-
-# ---------------------------------------------------------------------- the checks every schedule shares
-def check_initial(initial: int) -> None:
-    if initial < 1:
-        raise ValueError(f"the number of assistant tokens must be at least 1, got {initial}")
-
-
-def check_room(room: int) -> None:
-    if room < 0:
-        raise ValueError(f"room must be at least 0, got {room}")
-
-
-def check_round(k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-    if not 0 <= accepted <= k:
-        raise ValueError(f"accepted must be in 0..k={k}, got {accepted}")
-    if draft_seconds < 0 or verify_seconds < 0:
-        raise ValueError(f"times must be at least 0 seconds, got {draft_seconds}, {verify_seconds}")
+    """The least-squares line through the timed (K, seconds): mean K, mean seconds and slope (at least 0; flat
+    through a single K)."""
+    mean_k, mean_s = sum(seen) / len(seen), sum(seen.values()) / len(seen)
+    spread = sum((j - mean_k) ** 2 for j in seen)
+    slope = max(0.0, sum((j - mean_k) * (s - mean_s) for j, s in seen.items()) / spread) if spread else 0.0
+    return mean_k, mean_s, slope

@@ -41,7 +41,7 @@ from mtp.accept import accept, cut_at_stop
 from mtp.drafter import Drafter
 from mtp.stats import SpecResult, SpecStats
 
-if TYPE_CHECKING:  # the loop only calls a schedule's next and observe (mtp/schedule.py)
+if TYPE_CHECKING:  # the loop only calls a schedule: next(room), observe(k, accepted), start_call()
     from mtp.schedule import DraftLength
 
 DRAFTING = ("argmax", "sample")

@@ -39,7 +39,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.stream import Sink, Stream, text_sinks
     from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer
     from mtp import ContextFull, Conversation, Reply
-    from mtp.schedule import DraftSchedule
+    from mtp.schedule import DraftLength
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message
@@ -83,7 +83,7 @@ class Lines:
 
 # ---------------------------------------------------------------- output
 
-def reply_json(reply: Reply, draft_length: DraftSchedule | None = None) -> dict:
+def reply_json(reply: Reply, draft_length: DraftLength | None = None) -> dict:
     """One turn for --json. An interrupted turn has no statistics (the loop did not finish them)."""
     stats = (None if reply.finish_reason == "interrupted"
              else stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length))
@@ -91,7 +91,7 @@ def reply_json(reply: Reply, draft_length: DraftSchedule | None = None) -> dict:
             "tokens": reply.tokens, "text": reply.text, "finish_reason": reply.finish_reason, "stats": stats}
 
 
-def reply_report(reply: Reply, temperature: float, draft_length: DraftSchedule | None = None) -> str:
+def reply_report(reply: Reply, temperature: float, draft_length: DraftLength | None = None) -> str:
     """What /stats prints: the cache's part in the turn, then generate.py's statistics block."""
     first = "" if reply.first_token_seconds is None else f"; first token after {reply.first_token_seconds:.2f} s"
     head = (f"-- turn {reply.turn}: the prompt has {len(reply.prompt_ids)} tokens: {reply.reused} reused from the "

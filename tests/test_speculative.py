@@ -132,7 +132,7 @@ def reference_loop(
             a += 1
         seq += drafts[:a] + [greedy[a]]
         rounds.append((drafts, a))
-        length.observe(k_eff, a, 0.2 * k_eff, 1.0 + 0.1 * k_eff)  # auto: fixed costs below, so no clock is read
+        length.observe(k_eff, a)  # auto: both costs fixed below, so no clock is read
     return seq[len(prompt_ids):], rounds
 
 
@@ -156,13 +156,13 @@ def test_heuristic_schedule_persists_across_calls(models) -> None:  # noqa: ANN0
         length = DraftLength(2, schedule)
         first = speculative_generate(target, draft_model, prompt("short"), 30, length)
         assert first.stats.rounds[0].accepted == 2 and len(first.stats.rounds[1].drafted) == 4  # +2 when all accepted
-        reached = length.current
+        reached = length.k
         second = speculative_generate(target, draft_model, prompt("short"), 30, length)
         expected_first = min(reached, 30 - 2) if carried else 2
         assert len(second.stats.rounds[0].drafted) == expected_first
     length = DraftLength(5, "heuristic")
     speculative_generate(*models["dense", "random"], prompt("short"), 30, length)
-    assert length.current == 1  # -1 per rejection, floor 1
+    assert length.k == 1  # -1 per rejection, floor 1
 
 
 # ---------------------------------------------------------------- invariants and statistics

@@ -1,5 +1,6 @@
 """The loop's textbook path: the project modules mtp/speculative.py reaches through its own imports (package
-`__init__` re-exports and imports for annotations only not counted), with their line counts. `python -m tests.textbook_path` prints them."""
+`__init__` re-exports and `if TYPE_CHECKING:` imports not counted), with their line counts.
+`python -m tests.textbook_path` prints them."""
 
 import ast
 from pathlib import Path
@@ -16,12 +17,8 @@ def module_file(name: str) -> Path:
 
 def imports(name: str) -> set[str]:
     """The project modules `name` imports by name (`from a.b import c` counts a.b, or a.b.c if c is a module)."""
-    out, tree = set(), ast.parse(module_file(name).read_text())
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and ast.unparse(block.test) ==
-                   "TYPE_CHECKING" for n in ast.walk(block)}  # annotations only: never loaded at run time
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    out = set()
+    for node in run_time_nodes(ast.parse(module_file(name).read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
@@ -30,6 +27,19 @@ def imports(name: str) -> set[str]:
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
     return {m for m in out if module_file(m).name != "__init__.py"}
+
+
+def run_time_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:`: what is imported there names a type, never runs."""
+    nodes, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo += node.orelse
+        else:
+            todo += ast.iter_child_nodes(node)
+    return nodes
 
 
 def textbook_path() -> dict[str, int]:

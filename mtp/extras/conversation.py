@@ -33,7 +33,7 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
 from mtp.drafter import Drafter
-from mtp.schedule import DraftLength, DraftSchedule
+from mtp.schedule import DraftLength
 from mtp.speculative import check_sampling, speculative_generate
 from mtp.stats import SpecStats
 
@@ -110,7 +110,7 @@ class Conversation:
 
     def say(
         self, user_text: str, max_new_tokens: int = 256, sampler: SamplerConfig = GREEDY,
-        draft_length: DraftSchedule | None = None, drafting: str = "argmax",
+        draft_length: DraftLength | None = None, drafting: str = "argmax",
         stop_ids: Sequence[int] | None = None, ignore_eos: bool = False, on_commit: OnCommit | None = None,
     ) -> Reply:
         """One user turn and the model's reply, which joins the conversation.

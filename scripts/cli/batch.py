@@ -29,7 +29,7 @@ from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import Drafter, speculative_generate
 from mtp.speculative import speculative_generate_batch
-from mtp.schedule import DraftSchedule
+from mtp.schedule import DraftLength
 
 
 SEPARATOR = "---"  # a line holding only this separates prompts that span lines
@@ -90,7 +90,7 @@ def split_prompts(texts: list[str] | None, ids: list[list[int]] | None,
 
 
 def run_batch(
-    *, model: Gemma4Model, drafter: Drafter | None, draft_length: DraftSchedule | None, rows: list[list[int]],
+    *, model: Gemma4Model, drafter: Drafter | None, draft_length: DraftLength | None, rows: list[list[int]],
     max_new_tokens: int, stops: list[int], sampler: SamplerConfig, drafting: str,
     tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool, show_drafts: bool,
     row_stats: Callable[..., dict], sampling_json: Callable[[int], dict], prefill_chunk: int | None = None,

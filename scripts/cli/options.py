@@ -43,7 +43,7 @@ from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
-from mtp.schedule import MAX_K, DraftSchedule
+from mtp.auto_schedule import MAX_K
 from mtp.speculative import DRAFTING
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
@@ -290,7 +290,7 @@ class Target:
 class Assistant:
     name: str
     drafter: Drafter
-    draft_length: DraftSchedule
+    draft_length: DraftLength
     drafting: str
 
 

@@ -2,13 +2,13 @@
 of `--json` and the block of text on stderr (and chat's `/stats`)."""
 
 from mtp import SpecStats
-from mtp.schedule import DraftSchedule
+from mtp.schedule import DraftLength
 
 
 def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
-               draft_length: DraftSchedule | None = None) -> dict:
+               draft_length: DraftLength | None = None) -> dict:
     """The `stats` object; plain decoding runs one target forward per token and drafts nothing. With the
-    schedule, what it learned (`auto`: its estimates of acceptance and costs)."""
+    schedule, what it learned (`auto`: its estimates of acceptance and of a round's seconds)."""
     forwards = stats.target_forwards if stats else len(tokens)
     out = {
         "target_forwards": forwards,
@@ -72,6 +72,5 @@ def k_line(s: dict) -> str:
 
 def estimates_line(e: dict) -> str:
     alpha = " ".join(f"{a:.2f}" for a in e["alpha"])
-    verify = "/".join(f"{e['verify_s'][n] * 1e3:.1f}" for n in sorted(e["verify_s"]))
-    return (f"acceptance by position {alpha}; ms: draft step {e['draft_s'] * 1e3:.2f}, "
-            f"verify of 1..{len(e['verify_s'])} rows {verify}")
+    rounds = "/".join(f"{e['round_s'][k] * 1e3:.1f}" for k in sorted(e["round_s"]))
+    return f"acceptance by position {alpha}; ms a round of K = 0..{len(e['round_s']) - 1} drafts {rounds}"
