@@ -11,8 +11,6 @@ pages a mapping has read stay resident as long as it lives, and the model's view
 - Plain and alone: the parameter itself is multiplied, as loaded.
 """
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
@@ -23,10 +21,7 @@ from gemma4.fast.norms import FastRMSNorm
 from gemma4.fast.sampling import fast_candidates
 from gemma4.model import MLP, Attention
 from gemma4.norms import RMSNorm
-
-# key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
-# that lives on with the model's views.
-Reader = Callable[[str, bool], torch.Tensor]
+from gemma4.weights import Reader
 
 
 def groups(model: nn.Module) -> list[tuple[str, list[str]]]:
