@@ -32,8 +32,8 @@ Sections (`--only a,b`):
   batch against the same prompts one after another; unique MoE experts per forward against uniform routing.
 - `sampling` (scripts/bench/sampling.py): one sampled row at V = 4,096 and 262,144, the fast sampler and the textbook one, and
   E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
-- `device` (scripts/bench/device.py), only when named: an accelerator checked end to end on random E2B and
-  31B-layer and 26B-A4B-layer pairs (`--device cuda`; `--device-small` shrinks it for a CPU). Not part of the default run.
+- `device` (scripts/bench/device.py), only when named: an accelerator checked end to end on random E2B,
+  31B-layer, 26B-A4B-layer and 12B-layer pairs (`--device cuda`; `--device-small` shrinks it for a CPU). Not part of the default run.
 - `context` (scripts/bench/context.py), only when named: K/V cache bytes of the released models at 8k-262k
   positions, every position kept against the sliding layers' rings; peak RSS of a prefill on random E2B- and
   31B-geometry targets, chunked against one forward; decode and speculative tokens/s after 1k-16k prompts
@@ -302,8 +302,9 @@ if __name__ == "__main__":
                    help="the sampling section's E2B pair's vocabulary (writing the full one takes ≈ 20 GB of memory)")
     p.add_argument("--device", default="cpu", help="where the models run: cpu, cuda or cuda:N; on CUDA every time "
                    "is read from CUDA events, and what cannot run there says so under `skipped`")
-    p.add_argument("--device-dir", type=Path, default=DEVICE_DIR, help="where the device section writes its two "
-                   "random pairs once (≈ 17 GB; in the temp directory instead when this one's file system lacks it)")
+    p.add_argument("--device-dir", type=Path, default=DEVICE_DIR, help="where the device section writes its four "
+                   "random bfloat16 pairs once (≈ 30.1 GB: e2b 9.4, 31b_layers 7.7, 26b_layers 8.9, 12b_layers 4.0, "
+                   "bench.device.pair_bytes; in the temp directory instead when this one's file system lacks it)")
     p.add_argument("--device-small", action="store_true", help="the device section at tiny sizes, for a CPU")
     p.add_argument("--device-compile", action="store_true", help="the device section also tries torch.compile "
                    "of a decode step (fails soft)")
