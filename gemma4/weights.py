@@ -16,8 +16,9 @@ Facts a reader must know (gemma4/README.md §17):
   bfloat16 E2B run in float32 so skips a 9.4 GB copy, and a GPU holds none of its 4.7 GB.
 - Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
 - The loaders then apply the speed layer (gemma4/fast/, `fast=True` by default): q/k/v and gate/up stacked,
-  and on the CPU a packed copy where timing it on this machine says so. `fast=False` keeps the textbook
-  modules of gemma4/model.py: the same tokens.
+  and on the CPU a packed copy where the rule of gemma4/fast/kernels.py says so. `fast=False` keeps the textbook
+  modules of gemma4/model.py: the same tokens. gemma4/fast/ is imported only then, inside the loader: importing
+  the textbook (`gemma4`, `mtp.speculative`) loads no speed-layer module.
 """
 
 import json
@@ -29,9 +30,11 @@ from safetensors import SafetensorError, safe_open
 
 from gemma4.config import ConfigError, TextConfig
 from gemma4.config_file import read_json, target_config, text_fields
-from gemma4.fast import make_fast
-from gemma4.fast.apply import Reader
 from gemma4.model import Gemma4Model
+
+# key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
+# that lives on with the model's views (gemma4/fast/apply.py reads the file's tensors with it).
+Reader = Callable[[str, bool], torch.Tensor]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -237,8 +240,8 @@ def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = True,
 ) -> Gemma4Model:
     """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
-    layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and what they
-    cost the load."""
+    layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and why each
+    was taken."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -257,6 +260,8 @@ def load_target(
     del state  # the model holds every tensor now; a cast that packing replaces must not live on here
     model.eval().requires_grad_(False)
     if fast:
+        from gemma4.fast import make_fast  # here, not at the top: the textbook's imports hold no speed layer
+
         make_fast(model, file_reader(model_dir, prefix), ("head", "embed_tokens.weight"))
     return model
 

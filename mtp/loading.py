@@ -11,7 +11,6 @@ import torch
 
 from gemma4.config import FULL, SLIDING, ConfigError, TextConfig
 from gemma4.config_file import read_json, text_config_from_dict
-from gemma4.fast import make_fast
 from gemma4.weights import (
     CheckpointError, file_reader, read_state_dict, resolve_model_dir, target_ignored, target_weight_table,
 )
@@ -110,6 +109,8 @@ def load_drafter(
     del state  # see load_target
     drafter.eval().requires_grad_(False)
     if fast:
+        from gemma4.fast import make_fast  # here, not at the top: the textbook's imports hold no speed layer
+
         head = None if cfg.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
         make_fast(drafter, file_reader(model_dir, ""), head)
     return drafter

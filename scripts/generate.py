@@ -70,15 +70,16 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         refuse("--compare", "it compares speculative with plain decoding, and --no-assistant is plain already")
     if flags.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
+    if flags.show_drafts and batch:
+        refuse("--show-drafts", "it marks the streamed text of one prompt, and several are printed after the run: "
+                                "give one prompt, or drop it")
     if flags.compile and batch:
         raise UsageError("--compile runs one prompt (its steps are static-shape graphs of one row): give one prompt, "
                          "or drop --compile for a batch")
     say = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
 
     # Target, tokenizer and prompt first: a bad prompt fails before the assistant is fetched.
-    target, dev, dtype = load_target_from(flags, say, demo_target)
-    if raw and not target.chat:
-        refuse("--raw", f"{target.name} has no chat template, so --prompt is sent as it is already: drop --raw")
+    target, dev, dtype = load_target_from(flags, say, demo_target, raw)  # --raw without a template: refused first
     as_is = raw or not target.chat  # no chat template: the text is continued as it is
 
     def encode(text: str) -> list[int]:
@@ -115,7 +116,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         result, text, totals = run_batch(
             model=target.model, drafter=drafter, draft_length=draft_length, rows=rows, max_new_tokens=max_new_tokens,
             stops=stops, sampler=sampler, drafting=drafting or "argmax", tokenizer=target.tokenizer,
-            json_output=json_output, compare=compare, show_drafts=flags.show_drafts, row_stats=stats_json,
+            json_output=json_output, compare=compare, row_stats=stats_json,
             sampling_json=sampling, prefill_chunk=flags.prefill_chunk)
         print(json.dumps(result) if json_output else text)
         say(totals)

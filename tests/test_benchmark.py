@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import benchmark
+from bench import device
 from bench.random_pair import assistant_config, target_config
 from gemma4 import load_target
 
@@ -47,8 +49,8 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
         assert ("ours_plain/ours_plain_pack_false" in r["ratios"]) == bool(unpacked)
         packing = r["packing"]
         assert packing["load_s"] > 0 and (packing["load_s_pack_false"] is not None) == bool(unpacked)
-        assert packing["target"] and all(set(c) >= {"shape", "dtype", "packed", "cost_s"} for c in packing["target"])
-        assert packing["decision_s"] == pytest.approx(sum(c["cost_s"] for c in packing["target"] + packing["assistant"]))
+        assert packing["target"] and all(set(c) >= {"shape", "dtype", "packed", "kernels", "why"}
+                                         for c in packing["target"] + packing["assistant"])
         assert r["identical"] is True, section
         assert r["k"] == 4  # the assistant's num_assistant_tokens
         assert all(m["tokens_per_s"] > 0 for m in r["methods"].values())
@@ -117,6 +119,11 @@ def test_help_shows_the_defaults() -> None:
     out = subprocess.run([sys.executable, str(Path(benchmark.__file__)), "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     assert "(default: 64)" in out.stdout and "(default: 7)" in out.stdout and "bench" in out.stdout
+    # --device-dir states what the device section writes: its four pairs' bytes, computed as the code writes them
+    pairs = [device.e2b_configs(device.FULL_VOCAB)] + [
+        configs(device.FULL_VOCAB, False) for configs in (device.l31b_configs, device.l26b_configs, device.l12b_configs)]
+    total = sum(device.pair_bytes(*pair, torch.bfloat16) for pair in pairs)
+    assert f"its four random bfloat16 pairs once (≈ {total / 1e9:.1f} GB" in " ".join(out.stdout.split())
 
 
 DEVICE_CHECKS = {"load", "decode", "costs", "syncs", "equal"}

@@ -4,7 +4,9 @@
   what was asked, on the demo (whose generation_config.json says greedy) and on a release-shaped
   test target (whose file says sample at T 1, top-k 64, top-p 0.95).
 - Naming the demo's own directories is the run without arguments.
-- A flag that would do nothing in the given combination is refused: one line, exit status 2.
+- A flag that would do nothing in the given combination is refused before any weights load: one line, exit
+  status 2.
+- `--reference` (the textbook's modules, no speed layer) gives the default run's tokens.
 """
 
 import json
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import cli.options
 from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,12 +94,20 @@ REFUSED = {  # name -> (arguments, what the line names)
     "show-drafts with json": (["--show-drafts", "--json"], "--show-drafts has no effect here: --json streams no text"),
     "raw on a model without a chat template": (["DEMO", "--raw", "--prompt", "def f():"], "--raw has no effect here"),
     "raw with ids": (["--prompt-ids", "2,3", "--raw"], "--raw applies to --prompt text"),
+    "show-drafts with several prompts": (["--prompt", "hi", "--prompt", "yo", "--show-drafts"],
+                                         "--show-drafts has no effect here: it marks the streamed text of one"),
+    "reference with compile": (["--reference", "--compile"], "--reference runs the textbook's modules"),
 }
 
 
 @pytest.mark.parametrize("case", REFUSED)
 def test_flags_that_would_do_nothing_are_refused(case: str, pair, tmp_path: Path,  # noqa: ANN001
-                                                 capsys: pytest.CaptureFixture) -> None:
+                                                 capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused before any weights load: the loaders here fail the test if called."""
+    def no_weights(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{case}: weights loaded before the refusal")
+    monkeypatch.setattr(cli.options, "load_target", no_weights)
+    monkeypatch.setattr(cli.options, "load_drafter", no_weights)
     args, expected = REFUSED[case]
     if args[0] == "GREEDY":
         args = ["--target", str(_greedy_copy(pair[0], tmp_path)), "--assistant", str(pair[1]), *args[1:]]
@@ -109,3 +120,18 @@ def test_flags_that_would_do_nothing_are_refused(case: str, pair, tmp_path: Path
     status, out, err = run_inprocess(capsys, args)
     assert_one_line_failure(status, out, err, expected)
     assert out == ""
+
+
+def test_reference_gives_the_default_tokens(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    """--reference loads both models with fast=False (the textbook's modules): the same tokens as the default run,
+    speculative and plain, on the float32 test pair."""
+    base = ["--target", str(pair[0]), "--prompt", "hi", "--max-new-tokens", "24"]
+    for args in ([*base, "--assistant", str(pair[1])], [*base, "--no-assistant"]):
+        default, reference = run_json(capsys, args), run_json(capsys, [*args, "--reference"])
+        assert reference["tokens"] == default["tokens"] and len(default["tokens"]) > 0
+
+
+def test_reference_with_compile_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    status, out, err = run_inprocess(capsys, ["--reference", "--compile"])
+    assert_one_line_failure(status, out, err, "--reference runs the textbook's modules")
+    assert len(err.strip().splitlines()) == 1 and out == ""

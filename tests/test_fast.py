@@ -1,10 +1,12 @@
 """The speed layer (gemma4/fast/): a fast model computes what the textbook model computes.
 
-Which kernel multiplies a weight is measured at load time, so no test here depends on what the measurement finds:
-the loaders' choice is checked for its form, the rule on given timings, and every choice is forced in turn with
+Which kernel multiplies a weight is a rule of the device, dtype and shape (gemma4/fast/kernels.py `choose`): the
+rule is checked on given weights and for reading no clock, and every choice is forced in turn with
 `make_fast(..., kernels=...)` (for 1 row and for 2 or more: packed, or plain with MKL or oneDNN for each) on a model
-loaded with `fast=False`."""
+loaded with `fast=False`: the test pairs' weights are all under the rule's threshold."""
 
+import random
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from torch import nn
 import gemma4.fast.kernels
 from gemma4 import Gemma4Model, greedy_generate, load_target
 from gemma4.fast import Choice, Product, kernels_of, make_fast, products
-from gemma4.fast.kernels import KERNELS, fastest_layout, measure, packable
+from gemma4.fast.kernels import NO_KERNEL, PACK_MIN, choose, packable
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.model import MLP, Attention, TiedHead
 from gemma4.weights import file_reader
@@ -117,38 +119,33 @@ def test_which_weights_can_be_packed() -> None:
     assert not packable(weight.double()) and not packable(weight.half()) and not packable(weight.to("meta"))
 
 
-def test_the_layout_is_the_one_whose_worst_slowdown_is_least() -> None:
-    """The rule on given timings (seconds for 1 and K + 1 rows): one layout a weight, the fastest kernel per row
-    count within it, the worst ratio to the fastest kernel of any layout least."""
-    zen4 = {"mkl": (1 / 15.6, 1 / 6.4), "onednn": (1 / 24.4, 1 / 18.2), "packed": (1 / 22.0, 1 / 32.2)}
-    assert fastest_layout(zen4)[0] == PACKED  # 1.11x at 1 row rather than 1.77x at 5
-    slow_packed_decode = zen4 | {"packed": (1 / 10.0, 1 / 32.2)}
-    assert fastest_layout(slow_packed_decode)[0] == ("onednn", "onednn")  # 2.44x at 1 row is worse
-    intel = {"mkl": (1.0, 2.0), "onednn": (1.5, 1.2), "packed": (1.6, 1.1)}
-    assert fastest_layout(intel)[0] == ("mkl", "onednn")
-    assert fastest_layout(intel | {"onednn": (0.9, 3.0), "mkl": (1.0, 1.15)})[0] == ("onednn", "mkl")
-    tie = {"mkl": (1.0, 1.0), "onednn": (1.0, 1.0), "packed": (1.0, 1.0)}
-    assert fastest_layout(tie)[0] == PLAIN  # no copy, no second kernel, unless it pays
-
-
-def test_the_measurement_times_every_kernel_for_each_row_count() -> None:
-    """Its form only: which kernel is faster is the machine's."""
-    weight = torch.randn(96, 64)
-    choice, blocked = measure(weight, rows=5, reps=2)
-    assert choice.shape == (96, 64) and choice.dtype == "float32" and choice.cost_s > 0 and choice.rows == 5
-    if not packable(weight):
-        assert not choice.packed and choice.plain_s is None and choice.seconds is None and blocked is None
-        return
-    assert set(choice.seconds) == set(KERNELS) and all(s > 0 for t in choice.seconds.values() for s in t)
-    assert choice.kernels == fastest_layout(choice.seconds)[0]
-    assert choice.packed == (choice.kernels == PACKED) and (blocked is not None) == choice.packed
-    assert choice.packed_s == choice.seconds["packed"]
-    assert choice.plain_s == tuple(min(choice.seconds["mkl"][i], choice.seconds["onednn"][i]) for i in (0, 1))
-    assert choice.onednn_rows == (1 if choice.kernels[0] == "onednn" else 2 if choice.kernels[1] == "onednn" else 0)
-    double, _ = measure(weight.double())
-    assert not double.packed and double.plain_s is None and double.kernels == PLAIN  # no kernel to time
+def test_the_rule_packs_from_pack_min_elements_where_onednn_can() -> None:
+    """Packed for every row count from PACK_MIN elements on, where oneDNN has a kernel; plain below it, and plain
+    wherever it has none (another dtype, bfloat16 without oneDNN's bfloat16 kernels, another device)."""
+    large, small = torch.empty(PACK_MIN // 1024, 1024), torch.empty(PACK_MIN // 1024 - 1, 1024)
+    assert choose(large).kernels == (PACKED if packable(large) else PLAIN) and choose(small).kernels == PLAIN
+    assert choose(large).shape == (PACK_MIN // 1024, 1024) and choose(large).dtype == "float32"
+    bf16 = large.to(torch.bfloat16)
+    assert choose(bf16).packed == (gemma4.fast.kernels.ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    for other in (large.double(), large.to("meta")):
+        assert choose(other).kernels == PLAIN and choose(other).why == NO_KERNEL
     with pytest.raises(ValueError, match="one layout"):
-        gemma4.fast.kernels.forced(weight, ("packed", "mkl"))
+        gemma4.fast.kernels.forced(large, ("packed", "mkl"))
+
+
+def test_timing_noise_changes_no_choice(pairs: dict[str, tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One machine, the same choices on every load: the rule reads no clock, so a clock off by up to ±30% on every
+    reading leaves every decision as it was."""
+    assert not hasattr(gemma4.fast.kernels, "time")  # no timer in the module that decides
+    weights = [torch.empty(PACK_MIN // 1024, 1024), torch.empty(512, 512), torch.empty(1536, 12288)]
+    expected = [choose(w) for w in weights]
+    target = load_target(pairs["moe"][0])
+    loaded = kernels_of(target)
+    clock, noise = time.perf_counter, random.Random(0)
+    monkeypatch.setattr(time, "perf_counter", lambda: clock() * noise.uniform(0.7, 1.3))
+    for _ in range(20):
+        assert [choose(w) for w in weights] == expected
+    assert kernels_of(load_target(pairs["moe"][0])) == loaded
 
 
 def test_fast_false_gives_the_textbook_modules(pairs: dict[str, tuple[Path, Path]]) -> None:
@@ -218,7 +215,7 @@ def test_fast_and_textbook_give_the_same_tokens(pairs: dict[str, tuple[Path, Pat
 def test_onednn_on_the_plain_weight_gives_the_same_tokens(pairs: dict[str, tuple[Path, Path]],
                                                           kernels: tuple[str, str]) -> None:
     """Plain products that send 1 row, or 2 or more (verifies, prefills), or both to oneDNN on the unpacked weight,
-    as `measure` may choose."""
+    as `make_fast(..., kernels=...)` can force."""
     for shape in SHAPES:
         fast = forced(pairs[shape], kernels)
         assert all(p.onednn == (kernels[0] == "onednn", kernels[1] == "onednn") or not gemma4.fast.kernels.ONEDNN
@@ -272,7 +269,7 @@ def test_without_onednn_nothing_is_packed(pairs: dict[str, tuple[Path, Path]], m
     expected = greedy_generate(textbook(pairs["e2b"])[0], PROMPT, 16)
     monkeypatch.setattr(gemma4.fast.kernels, "ONEDNN", False)
     target = load_target(pairs["e2b"][0])
-    assert all(not c.packed and c.plain_s is None and c.kernels == PLAIN for c in kernels_of(target))
+    assert all(not c.packed and c.kernels == PLAIN and c.why == NO_KERNEL for c in kernels_of(target))
     assert all(not p.packed for p in products(target))
     assert greedy_generate(target, PROMPT, 16) == expected
 

@@ -2,7 +2,10 @@
 model never imports the speed layer."""
 
 import ast
+import os
 import re
+import subprocess
+import sys
 
 from tests.textbook_path import REPO, module_file, textbook_path
 
@@ -46,3 +49,12 @@ def test_the_model_files_import_no_speed_layer() -> None:
         tree = ast.parse((REPO / "gemma4" / name).read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not any(m and m.startswith("gemma4.fast") for m in imported), name
+
+
+def test_importing_the_loop_loads_no_speed_layer() -> None:
+    """In a fresh interpreter, `import mtp.speculative` (and with it the `gemma4` and `mtp` packages' re-exports)
+    loads no gemma4.fast module: the loaders import it when they apply it."""
+    code = "import sys, mtp.speculative; print(sorted(m for m in sys.modules if m.startswith('gemma4.fast')))"
+    env = os.environ | {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -11,21 +11,16 @@ pages a mapping has read stay resident as long as it lives, and the model's view
 - Plain and alone: the parameter itself is multiplied, as loaded.
 """
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
 from gemma4.fast.experts import gather_experts
-from gemma4.fast.kernels import VERIFY_ROWS, Choice, Product, forced, measure
+from gemma4.fast.kernels import Choice, Product, choose, forced
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.fast.norms import FastRMSNorm
 from gemma4.model import MLP, Attention
 from gemma4.norms import RMSNorm
-
-# key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
-# that lives on with the model's views.
-Reader = Callable[[str, bool], torch.Tensor]
+from gemma4.weights import Reader
 
 
 def groups(model: nn.Module) -> list[tuple[str, list[str]]]:
@@ -57,13 +52,13 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
 
 @torch.no_grad()
 def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
-              kernels: tuple[str, str] | None = None, rows: int = VERIFY_ROWS) -> list[Choice]:
+              kernels: tuple[str, str] | None = None) -> list[Choice]:
     """Prepare every product of `model` (`groups`, and the tied head `head` = (head module, weight key)) and swap
     in the fast modules. Returns the kernel decisions, one per (shape, dtype).
 
-    `kernels`: None times every kernel for 1 and `rows` rows and takes the layout `measure` picks; a pair (1 row,
-    2 or more), e.g. ("packed", "packed") or
-    ("mkl", "onednn"), forces those kernels wherever oneDNN can (tests force every choice)."""
+    `kernels`: None takes the rule's kernels (`choose`: the device, dtype and shape decide, no timing); a pair
+    (1 row, 2 or more), e.g. ("packed", "packed") or ("mkl", "onednn"), forces those kernels wherever oneDNN can
+    (tests force every choice)."""
     choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
     for name, keys in todo:
@@ -77,18 +72,15 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
         values = torch.cat(stored) if len(stored) > 1 else stored[0]  # (O1 + O2 + .., I)
         del stored
         is_head = head is not None and name == head[0]
-        blocked, signature = None, (tuple(values.shape), values.dtype)
+        signature = (tuple(values.shape), values.dtype)
         if signature not in choices:
-            if kernels is None:
-                choices[signature], blocked = measure(values, rows)
-            else:
-                choices[signature] = forced(values, kernels)
+            choices[signature] = choose(values) if kernels is None else forced(values, kernels)
         choice = choices[signature]
         if choice.packed:
             if cast and not is_head and on_cpu:
                 for key in keys:  # the file's view in its own dtype, nothing read yet
                     _replace_parameter(model, key, read(key, True))
-            product = Product(values, True, blocked, choice=choice)
+            product = Product(values, True, choice=choice)
         elif len(keys) > 1:  # the parameters become views of the stack's rows
             for key, rows_of_key in zip(keys, values.split([part.shape[0] for part in parts])):
                 _replace_parameter(model, key, rows_of_key)
@@ -124,7 +116,7 @@ def products(model: nn.Module) -> list[Product]:
 
 
 def kernels_of(model: nn.Module) -> list[Choice]:
-    """The kernel decisions of a fast model, one per (shape, dtype), with what they cost its load; [] if plain."""
+    """The kernel decisions of a fast model, one per (shape, dtype), each with its reason; [] if plain."""
     seen: dict[tuple[tuple[int, ...], str], Choice] = {}
     for product in products(model):
         seen.setdefault((product.choice.shape, product.choice.dtype), product.choice)

@@ -6,8 +6,6 @@ It reads only the result object, the one `--json` prints, so a saved run can be 
 
 from typing import Any
 
-from gemma4.fast import VERIFY_ROWS
-
 
 def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The numeric goals, each with the measured value and whether it reaches the goal."""
@@ -109,19 +107,16 @@ def table(result: dict[str, Any]) -> str:
 
 
 def packing_lines(p: dict[str, Any] | None) -> list[str]:
-    """One line per (shape, dtype) the loaders decided on: the decision and its timings."""
+    """One line per (shape, dtype) the loaders decided on: the decision and its reason."""
     if not p:
         return []
     unpacked = "" if p["load_s_pack_false"] is None else f", {p['load_s_pack_false']:.2f} s with fast=False"
-    lines = [f"   loading: {p['load_s']:.2f} s for the pair{unpacked}; the kernel decisions took {p['decision_s']:.2f} s"]
+    lines = [f"   loading: {p['load_s']:.2f} s for the pair{unpacked}"]
     for model in ("target", "assistant"):
         for c in p[model]:
-            timed = ("" if c["plain_s"] is None else
-                     f": 1 / {VERIFY_ROWS} rows plain {c['plain_s'][0] * 1e6:.0f} / {c['plain_s'][1] * 1e6:.0f} us, "
-                     f"packed {c['packed_s'][0] * 1e6:.0f} / {c['packed_s'][1] * 1e6:.0f} us")
             shape = "x".join(map(str, c["shape"]))
-            lines.append(f"     {model:<9} {shape:>11} {c['dtype']:<8} {'packed' if c['packed'] else 'plain':<6}{timed}"
-                         f" ({c['cost_s'] * 1e3:.0f} ms)")
+            lines.append(f"     {model:<9} {shape:>11} {c['dtype']:<8} {'packed' if c['packed'] else 'plain':<6} "
+                         f"({c['why']})")
     return lines
 
 

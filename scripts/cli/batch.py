@@ -92,14 +92,11 @@ def split_prompts(texts: list[str] | None, ids: list[list[int]] | None,
 def run_batch(
     *, model: Gemma4Model, drafter: Drafter | None, draft_length: DraftLength | None, rows: list[list[int]],
     max_new_tokens: int, stops: list[int], sampler: SamplerConfig, drafting: str,
-    tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool, show_drafts: bool,
+    tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool,
     row_stats: Callable[..., dict], sampling_json: Callable[[int], dict], prefill_chunk: int | None = None,
 ) -> tuple[dict, str, str]:
     """Decode the rows as one batch; returns the --json object, and otherwise the rows' text (stdout)
-    and the totals (stderr)."""
-    if show_drafts and not json_output:
-        raise UsageError("--show-drafts has no effect here: it marks the streamed text of one prompt, and several "
-                         "are printed after the run: give one prompt, or drop it")
+    and the totals (stderr). --show-drafts with several prompts is refused before (scripts/generate.py)."""
     samplers = [dataclasses.replace(sampler, seed=sampler.seed + i) for i in range(len(rows))]  # row i: seed + i
 
     def batch() -> list[tuple[list[int], Any, str]]:

@@ -100,6 +100,7 @@ class ModelFlags:
     drafting: str | None
     show_drafts: bool
     compile: bool
+    reference: bool
     prefill_chunk: int | None
 
     @classmethod
@@ -148,6 +149,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="compile the decode step, the verify of K + 1 rows and the draft step (torch.compile, static "
                         "shapes, CUDA graphs on CUDA; other row counts and sample drafting run the same steps eager): "
                         "minutes of warm-up first, the same tokens (default: eager)")
+    p.add_argument("--reference", action="store_true",
+                   help="run exactly the textbook's modules: both models loaded with fast=False, without the speed "
+                        "layer (gemma4/fast/), the same tokens, slower (default: the speed layer)")
     p.add_argument("--prefill-chunk", metavar="C", type=int,
                    help=f"run a prompt (a chat turn's new text) in forwards of at most C positions: a prefill's "
                         f"memory then grows with the prompt only through the full layers' cache "
@@ -180,6 +184,9 @@ def check_values(a: ModelFlags) -> None:
         raise UsageError(f"--threads must be at least 1, got {a.threads}")
     if a.prefill_chunk is not None and a.prefill_chunk < 1:
         raise UsageError(f"--prefill-chunk must be at least 1, got {a.prefill_chunk}")
+    if a.reference and a.compile:
+        raise UsageError("--reference runs the textbook's modules and --compile the speed layer's static steps: "
+                         "drop one of the two")
     if a.no_assistant:
         for flag, value in (("--assistant", a.assistant), ("--num-assistant-tokens", a.num_assistant_tokens),
                             ("--schedule", a.schedule), ("--drafting", a.drafting),
@@ -294,10 +301,11 @@ class Assistant:
     drafting: str
 
 
-def load_target_from(a: ModelFlags, say: Callable[[str], None],
-                     demo_target: Path = DEMO_TARGET) -> tuple[Target, torch.device, torch.dtype]:
+def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Path = DEMO_TARGET,
+                     raw: bool = False) -> tuple[Target, torch.device, torch.dtype]:
     """Device, dtype and the target, with the sampling settings resolved and checked. `say` prints one
-    header line (to stderr, or nowhere)."""
+    header line (to stderr, or nowhere). `raw`: --raw was given, refused here for a target without a chat
+    template, before the weights load."""
     dev = pick_device(a.device)
     dtype = DTYPES[a.dtype or ("bfloat16" if dev.type == "cuda" else "float32")]
     name = a.target or shown_path(demo_target)
@@ -305,7 +313,9 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None],
         raise UsageError(f"the demo pair is missing from {demo_target.parent}: restore it from git, or pass --target")
     target_dir = resolve_model_dir(name)  # a Hub id is downloaded here
     sampler, from_file = sampler_from(a, target_dir)  # before the weights load: a refusal costs nothing
-    model = load_target(target_dir, dtype, dev)
+    if raw and not has_chat_template(target_dir):
+        refuse("--raw", f"{name} has no chat template, so --prompt is sent as it is already: drop --raw")
+    model = load_target(target_dir, dtype, dev, fast=not a.reference)
     threads = a.threads or (1 if model.config.hidden_size < SMALL_HIDDEN else None)  # None: torch's own
     if threads is not None:
         torch.set_num_threads(threads)
@@ -332,7 +342,7 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
             raise
         raise UsageError(f"{e} (the assistant defaults to {rule}: pass --assistant, or --no-assistant for "
                          f"plain decoding)") from None
-    drafter = load_drafter(assistant_dir, dtype, dev)
+    drafter = load_drafter(assistant_dir, dtype, dev, fast=not a.reference)
     check_pair(target.model.config, drafter.config, target.name, name)
     k = a.num_assistant_tokens
     if k is None:  # the release's own choice, as transformers reads it
