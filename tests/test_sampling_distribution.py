@@ -5,16 +5,25 @@ d_1, d_2 and, when both are kept, draws the bonus from the last row) is compared
 target law, enumerated on a tiny model: with top-k 3 every position has 3 possible tokens, and the
 81 sequences' probabilities are products of warped target rows (a cache-free forward per prefix).
 N runs with seeds 0..N-1 give the observed counts; Pearson's χ² over the cells, those with an
-expected count below 5 merged into one, passes iff χ² < df + 10·sqrt(2·df) (mtp/README.md §11).
+expected count below 5 merged into one, passes iff χ² is below the 99.9% quantile of χ²(df)
+(mtp/README.md §11).
 
-Each mode also runs deliberately wrong acceptance rules (monkeypatched into mtp.speculative) and
-asserts that they fail, so the test is known to detect what it is for:
+The threshold: a correct law fails one fixed-seed run in 1000. The quantile is Wilson–Hilferty's
+df·(1 − v + z·√v)³, v = 2/(9·df), z = 3.0902: 77.5 at df = 43 (exact 77.4), 16.6 at df = 3 (exact
+16.3). A wrong law adds its noncentrality λ = N·Σ (p' − p)²/p to χ²'s mean df: the wrong rules below
+give χ² ≥ 80 at 400 runs (threshold 51.3), while 5% of the likeliest token's mass moved to the least
+likely of one row's 3 candidates has λ = 2.0 at N = 800 and 39 at N = 16,000, the draws that
+`test_a_five_percent_bias_fails` takes: there the exact sampler passes and the biased one fails.
+
+Each mode also runs deliberately wrong acceptance rules (monkeypatched into mtp.accept, N_WRONG runs
+each) and asserts that they fail, so the test is known to detect what it is for:
 - transformers' rule: q = softmax of the raw, unwarped drafter logits in the ratio test
   (transformers#47932). Against a drafter whose raw q(d) is below the target's p(d) it always keeps d;
 - the bonus drawn from the wrong row (the last draft's row instead of the row after it);
-- argmax drafting: on rejection a fresh draw from p, without removing d.
-(One uniform shared by a block's positions fails too, but only by a small margin at this N; it
-would need N ~ 3000 runs, so it is left out to keep the file fast.)
+- argmax drafting: on rejection a fresh draw from p, without removing d;
+- sample drafting: one uniform shared by a block's positions (the first draft's, at every draft).
+`u ≤ p/q` is not run: the keyed uniforms lie in (0, 1], where it differs from `u·q < p` only when
+u·q = p exactly, so no sample can show it.
 
 The pair: a two-layer target (`mini` in tests/checkpoints.py, seed 2: its consecutive positions
 have distinct laws, so a bonus from the wrong row shows) and an `echo` drafter, which proposes
@@ -33,11 +42,13 @@ import torch
 
 import mtp.accept as rules
 from gemma4 import SamplerConfig, load_target
-from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, candidates, keyed_sample, keyed_uniform, sample, warp
+from gemma4.sampling import (
+    TOKEN_STREAM, ACCEPT_STREAM, candidates, keyed_choice, keyed_sample, keyed_uniform, sample, warp,
+)
 from mtp import DraftLength, load_drafter, speculative_generate
 from tests.pairs import prompt
 
-L, K, N = 4, 2, 800
+L, K, N, N_WRONG = 4, 2, 800, 400  # a wrong rule fails by a wide margin at half the runs
 SAMPLER = dict(temperature=1.0, top_k=3, top_p=1.0)
 STATS: dict[str, tuple[float, float, float]] = {}  # rule -> (χ², threshold), printed at the end
 
@@ -56,8 +67,14 @@ def exact_law(target, ids: list[int], sampler: SamplerConfig) -> dict[tuple[int,
     return law
 
 
+def quantile_999(df: int) -> float:
+    """The 99.9% quantile of χ²(df) by Wilson–Hilferty: (χ²/df)^(1/3) is close to normal, mean 1 − v, variance v."""
+    v = 2 / (9 * df)
+    return df * (1 - v + 3.0902 * math.sqrt(v)) ** 3
+
+
 def chi_square(law: dict[tuple[int, ...], float], samples: list[tuple[int, ...]]) -> tuple[float, float]:
-    """Pearson's χ² and the pass threshold df + 10·sqrt(2·df), cells of expected count < 5 merged."""
+    """Pearson's χ² and the pass threshold (its 99.9% quantile), cells of expected count < 5 merged."""
     n = len(samples)
     counts: dict[tuple[int, ...], int] = {}
     for s in samples:
@@ -68,7 +85,7 @@ def chi_square(law: dict[tuple[int, ...], float], samples: list[tuple[int, ...]]
     cells = [(counts.get(c, 0), law[c] * n) for c in big] + [(rest_observed, rest_expected)]
     chi2 = sum((o - e) ** 2 / e for o, e in cells if e > 0) + (math.inf if rest_expected <= 0 < rest_observed else 0)
     df = len(cells) - 1
-    return chi2, df + 10 * math.sqrt(2 * df)
+    return chi2, quantile_999(df)
 
 
 # ---------------------------------------------------------------- the wrong rules
@@ -123,6 +140,16 @@ def rejection_wrong_bonus(drafts, q, logits, sampler, t, rows=candidates):  # no
     return CORRECT_REJECTION(drafts, q, torch.cat([logits[:-1], logits[-2:-1]]), sampler, t, rows)
 
 
+def rejection_shared_uniform(drafts, q, logits, sampler, t, rows=candidates):  # noqa: ANN001, ANN201
+    """The product's rule with the first draft's uniform used at every position of the block."""
+    keyed = rules.keyed_uniform
+    rules.keyed_uniform = lambda seed, stream, position: keyed(seed, stream, t + 1)
+    try:
+        return CORRECT_REJECTION(drafts, q, logits, sampler, t, rows)
+    finally:
+        rules.keyed_uniform = keyed
+
+
 RULES = {  # name -> (drafting mode, the function replaced, its replacement); None: the product's own
     "argmax": ("argmax", None, None),
     "argmax, transformers' raw-q rule": ("argmax", "accept_keyed", keyed_transformers),
@@ -131,6 +158,7 @@ RULES = {  # name -> (drafting mode, the function replaced, its replacement); No
     "sample": ("sample", None, None),
     "sample, transformers' raw-q rule": ("sample", "accept_rejection", rejection_transformers),
     "sample, bonus from the wrong row": ("sample", "accept_rejection", rejection_wrong_bonus),
+    "sample, one uniform for the block": ("sample", "accept_rejection", rejection_shared_uniform),
     "argmax, auto schedule": ("argmax", None, None),
     "sample, auto schedule": ("sample", None, None),
 }
@@ -165,14 +193,15 @@ def test_first_tokens_follow_the_target_law(rule: str, pair, law, monkeypatch: p
     raw_q_spy(drafter, monkeypatch)
     if replaced:
         monkeypatch.setattr(rules, replaced, replacement)
+    runs = N if replaced is None else N_WRONG
     samples, accepted = [], 0
-    for seed in range(N):
+    for seed in range(runs):
         result = speculative_generate(target, drafter, prompt("short"), L, draft_length(rule),
                                       sampler=SamplerConfig(**SAMPLER, seed=seed), drafting=drafting)
         samples.append(tuple(result.tokens))
         accepted += result.stats.accepted
     chi2, threshold = chi_square(law, samples)
-    STATS[rule] = (chi2, threshold, accepted / N)
+    STATS[rule] = (chi2, threshold, accepted / runs)
     if replaced is None:
         assert chi2 < threshold, (rule, chi2, threshold)
     else:
@@ -200,9 +229,33 @@ def test_keyed_draws_with_every_token_a_candidate(top_p: float, pair) -> None:  
     assert chi2 < threshold, (top_p, chi2, threshold)
 
 
+BIASED_DRAWS = 16_000
+
+
+def test_a_five_percent_bias_fails(pair) -> None:  # noqa: ANN001
+    """The threshold's power: one row of the target at top-k 3 (the rules' sampler), BIASED_DRAWS keyed draws
+    at positions 0..BIASED_DRAWS-1. The exact sampler passes; the same draws from the row with 5% of its
+    likeliest token's mass moved to its least likely candidate fail."""
+    target, _ = pair
+    with torch.inference_mode():
+        logits = target(torch.tensor([prompt("short")]))[0, -1]  # (V,)
+    cfg = SamplerConfig(**SAMPLER)
+    ids, p = candidates(logits, cfg)  # (3,) each: `sample` draws keyed_choice(ids, p, ...)
+    biased = p.clone()
+    most, least = int(p.argmax()), int(p.argmin())
+    biased[least] += 0.05 * p[most]
+    biased[most] *= 0.95
+    law = {(x,): float(px) for x, px in zip(ids.tolist(), p)}
+    for name, probs in (("exact", p), ("5% biased", biased)):
+        draws = [(keyed_choice(ids, probs, cfg.seed, TOKEN_STREAM, n),) for n in range(BIASED_DRAWS)]
+        chi2, threshold = chi_square(law, draws)
+        STATS[f"one row at top-k 3, {name}"] = (chi2, threshold, math.nan)
+        assert (chi2 < threshold) == (name == "exact"), (name, chi2, threshold)
+
+
 def test_report_statistics() -> None:
     """Runs after the rules: prints each χ² and its threshold (for the closing note)."""
-    assert len(STATS) == len(RULES) + len(TOP_P_AT_K0)
+    assert len(STATS) == len(RULES) + len(TOP_P_AT_K0) + 2
     for rule, (chi2, threshold, accepted) in STATS.items():
         runs = "" if math.isnan(accepted) else f"  accepted drafts per run {accepted:.2f}"
         print(f"\n{rule:40s} χ² {chi2:9.1f}  threshold {threshold:6.1f}{runs}")

@@ -27,18 +27,7 @@ def test_the_path_is_short_and_holds_no_kernel_code() -> None:
 
 
 def test_the_readme_states_the_measured_length() -> None:
-    """README.md's line count of the path is the one   108  gemma4/cache.py
-   74  gemma4/config.py
-  133  gemma4/generate.py
-  335  gemma4/model.py
-   55  gemma4/moe.py
-   38  gemma4/norms.py
-  224  gemma4/sampling.py
-   70  mtp/accept.py
-  156  mtp/drafter.py
-  132  mtp/speculative.py
-   65  mtp/stats.py
- 1390  total prints."""
+    """README.md states the path's total line count, the one `python -m tests.textbook_path` prints."""
     found = re.search(r"These files total ([\d,]+) lines", (REPO / "README.md").read_text())
     assert found, "README.md no longer states the path's length"
     assert int(found.group(1).replace(",", "")) == sum(textbook_path().values())

@@ -17,6 +17,7 @@ loaders' own tables (`target_weight_table`, `drafter_weight_table`), so the file
 Shape legend: V vocab, E target hidden, D drafter hidden, P PLE width, L layers.
 """
 
+import ctypes
 import json
 import struct
 from pathlib import Path
@@ -132,7 +133,7 @@ def write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: tor
         for i, (name, shape) in enumerate(shapes.items()):
             gen = torch.Generator().manual_seed(seed * 100_003 + i)  # one stream per tensor: order-independent
             t = random_tensor(name, shape, ple_dim, gen).to(dtypes[name]).contiguous()
-            f.write(t.view(torch.uint8).numpy().tobytes())  # via uint8: numpy has no bfloat16
+            f.write((ctypes.c_ubyte * (t.numel() * t.itemsize)).from_address(t.data_ptr()))  # the bytes, no copy
 
 
 def write_pair(root: Path, target: dict[str, Any], assistant: dict[str, Any], dtype: torch.dtype,
