@@ -1,25 +1,20 @@
 """KV cache, written by absolute position: full layers keep every position, sliding layers only their window.
 
-- Full layers: slot = position. `capacity` is the most positions the cache may hold (a call's prompt + budget,
-  or the whole context for a conversation); `reserve` is how many it allocates at first (all of them unless
-  told). A write past the allocated positions grows that layer's buffers to twice their size (at least to the
-  write's end, at most to `capacity`) with one copy of what they held, so a conversation on a 128k-context model
-  holds about what it has used. While a layer grows, its old and new buffers coexist: 1.5x the new size.
-- Sliding layers: a ring of `ring = W + slack` slots (W the sliding window), slot = position mod ring, grown
-  the same way up to the ring. `slack` is the most positions one forward may write (a prefill chunk, a verify
-  of K + 1 rows). Every slot remembers the absolute position it holds (`slot_positions`, -2^40 while empty),
-  so the one mask helper still compares query and key positions: a slot outside a query's window, a stale
-  slot past the length and an empty one are all hidden by the same comparison. Why W + slack slots never lose
-  a key that a query still reads, the drafter's included: gemma4/README.md §15.
-- Only non-shared layers own buffers: KV-shared layers (and the MTP drafter) read the buffers of their
-  source layer (`TextConfig.kv_source`).
-- `length` is the number of valid positions. The generation loop owns it: a forward writes K/V at the
-  positions it is given and never moves `length`; the loop sets it after committing tokens. Rolling back means
-  lowering `length`; later writes overwrite the stale slots. `frontier` is one past the newest position written
-  since the sequence last started at position 0: how far stale writes reach past the length (`holds`).
-- A batch of rows at different positions (mtp/README.md §12): `length` is then a (B,) tensor, row b's T new
-  tokens are written at its own positions length_b.. in one indexed assignment, and every slot past a
-  row's own positions is stale: the causal mask hides it. A finished row leaves with `keep`.
+- Full layers: slot = position, up to `capacity` (a call's prompt + budget, or the whole context for a
+  conversation). `reserve` slots are allocated at first (all unless told); a write past them doubles that
+  layer's buffers (at least to the write's end, at most to `capacity`) with one copy, so a conversation on a
+  128k-context model holds about what it has used (1.5x the new size while a layer grows).
+- Sliding layers: a ring of `ring = W + slack` slots, slot = position mod ring, grown the same way. `slack` is
+  the most positions one forward may write (a prefill chunk, a verify of K + 1 rows). Every slot remembers the
+  absolute position it holds (`slot_positions`, -2^40 while empty), so the one mask helper compares query and
+  key positions: a slot outside a query's window, a stale one past the length and an empty one are all hidden
+  by the same comparison. Why W + slack slots never lose a key a query still reads: gemma4/README.md §15.
+- Only non-shared layers own buffers: KV-shared layers (and the MTP drafter) read their source layer's.
+- `length` is the number of valid positions. The loop owns it: a forward writes K/V at the positions it is
+  given and never moves `length`. Rolling back lowers `length`; later writes overwrite the stale slots.
+  `frontier` is one past the newest position written since the sequence last started at 0 (`holds`).
+- Rows at different positions (mtp/README.md §12): `length` is a (B,) tensor, row b writes at its own positions,
+  every slot past them is stale (the causal mask hides it), and a finished row leaves with `keep`.
 
 Shape legend: B batch, K kv heads, T new tokens, S slots read, D head dim, R ring slots.
 """
@@ -42,7 +37,6 @@ def ring_slack(prefill_chunk: int) -> int:
 
 class Slots(NamedTuple):
     """Where one forward writes and which keys its layers read: made once per forward by `KVCache.claim`."""
-    start: int | None  # every row writes positions start..end-1 (None: each row at its own, `rows`)
     rows: torch.Tensor | None  # (B, 1): the row index of every write, for rows at different positions
     positions: torch.Tensor  # (T,) or (B, T): the absolute positions written
     ring: torch.Tensor  # (T,) or (B, T): their slots in a sliding layer's ring
@@ -98,26 +92,21 @@ class KVCache:
         if isinstance(start, int):
             end, rows = start + t, None
             if start > self.length:
-                raise ValueError(f"write at position {start} would leave a hole: only {self.length} positions are "
-                                 f"valid")
+                raise ValueError(f"write at position {start} would leave a hole: {self.length} positions are valid")
             positions = torch.arange(start, end, device=device)  # (T,)
         else:
             end, rows = int(start.max()) + t, torch.arange(len(start), device=device)[:, None]  # (B, 1)
             if bool((start > self.length).any()):
-                raise ValueError(f"writes at positions {start.tolist()} would leave a hole: {self.length.tolist()} "
-                                 f"are valid")
+                raise ValueError(f"writes at {start.tolist()} would leave a hole: {self.length.tolist()} are valid")
             positions = start[:, None] + torch.arange(t, device=device)  # (B, T)
         if end > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} positions; position {end - 1} does not fit")
         ring = positions % self.ring  # (T,) or (B, T)
-        if rows is None:
-            self.slot_positions[:, ring] = positions  # every row the same
-        else:
-            self.slot_positions[rows, ring] = positions
+        self.slot_positions[slice(None) if rows is None else rows, ring] = positions  # every row the same, or its own
         self.frontier = end if isinstance(start, int) and start == 0 else max(self.frontier, end)
         n = min(end, self.ring)  # the ring's slots in use: 0..n-1 (all of them once it has wrapped)
         sliding = self.slot_positions[0, :n] if rows is None else self.slot_positions[:, :n]  # (S,) or (B, S)
-        return Slots(start if rows is None else None, rows, positions, ring, end, {FULL: end, SLIDING: sliding})
+        return Slots(rows, positions, ring, end, {FULL: end, SLIDING: sliding})
 
     def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at the claimed slots; return views of every slot the layer reads (B, K, S, D)."""
@@ -128,17 +117,9 @@ class KVCache:
             where = slots.ring if sliding else slots.positions  # (B, T)
             keys[slots.rows, :, where] = k.transpose(1, 2)
             values[slots.rows, :, where] = v.transpose(1, 2)
-        elif not sliding:
-            keys[:, :, slots.start:slots.end] = k
-            values[:, :, slots.start:slots.end] = v
-        else:
-            first = slots.start % self.ring
-            if first + k.shape[2] <= self.ring:  # no wrap inside this write: a slice
-                keys[:, :, first:first + k.shape[2]] = k
-                values[:, :, first:first + k.shape[2]] = v
-            else:
-                keys.index_copy_(2, slots.ring, k)
-                values.index_copy_(2, slots.ring, v)
+        else:  # every row at the same positions: their slots along dim 2
+            keys.index_copy_(2, slots.ring if sliding else slots.positions, k)
+            values.index_copy_(2, slots.ring if sliding else slots.positions, v)
         return self.read(layer, slots.end)[:2]
 
     def read(self, layer: int, end: int) -> KV:
@@ -149,10 +130,6 @@ class KVCache:
             return KV(self.keys[layer][:, :, :n], self.values[layer][:, :, :n],
                       positions[0] if isinstance(self.length, int) else positions)
         return KV(self.keys[layer][:, :, :end], self.values[layer][:, :, :end], end)  # (B, K, end, D)
-
-    def allocated(self, layer: int) -> int:
-        """Slots this layer's buffers hold now (grown on demand up to `size`)."""
-        return self.keys[layer].shape[2]
 
     def fit(self, layer: int, end: int) -> None:
         """Make room for slots 0..end-1 of one layer: double (at least to end, at most to its size)."""

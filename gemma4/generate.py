@@ -7,14 +7,12 @@ The loop owns the positions: it passes `start_pos` to every forward and moves `c
 A conversation hands the loop its own cache holding the K/V of the prompt's first `reuse` ids
 (the prefix it shares with the previous turn): only the rest is prefilled (`prefill`).
 
-Many prompts (mtp/README.md §12): every row keeps its own positions from 0, no left padding, no shared offset.
-- One row: its position is an int. Several: `cache.length` and each forward's `start_pos` are (B,) tensors, and
-  RoPE, masks and cache writes follow each row's own positions (gemma4/model.py).
-- Ragged prompts are prefilled together, right-padded: a row's pad tokens sit at positions after its prompt,
-  where its cache slots are stale (the causal mask hides them, the row's next writes overwrite them).
-- A row that chooses a stop id or spends its budget leaves (`cache.keep`); it never stops another.
-- Row b chooses every token as its run alone would (`choose`, its own sampler), at its own positions, so its
-  tokens are its solo run's (float32; a batched forward only reduces in another order, ~1e-6 relative).
+Many prompts (mtp/README.md §12): every row keeps its own positions from 0 (one row: an int; several: `cache.length`
+and `start_pos` are (B,) tensors), no left padding. Ragged prompts run together right-padded: a row's pads sit
+past its prompt, in slots the causal mask hides and its next writes overwrite. A row that chooses a stop id or
+spends its budget leaves (`cache.keep`). Row b chooses every token as its run alone would (`choose`, its own
+sampler), at its own positions, so its tokens are its solo run's (float32: a batched forward only reduces in
+another order, ~1e-6 relative).
 
 Shape legend: B rows still running, T new tokens per row, V vocab, E hidden.
 """
@@ -25,15 +23,14 @@ from typing import NamedTuple
 import torch
 
 from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
-from gemma4.model import Gemma4Model, ModelOutput
+from gemma4.model import Gemma4Model
 from gemma4.sampling import TOKEN_STREAM, SamplerConfig, sample
 
 PAD = 0  # <pad>: any id would do, a pad's K/V lands in stale slots only
 
 
 class PromptError(ValueError):
-    """A prompt or budget the model cannot run (empty, ids outside the vocabulary or standing for media, past
-    the context)."""
+    """A prompt or budget the model cannot run (empty, ids outside the vocabulary or for media, past the context)."""
 
 
 def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
@@ -56,15 +53,18 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
         )
 
 
-def per_row(budgets: int | Sequence[int], stop_ids: Sequence[int] | Sequence[Sequence[int]], rows: int
-            ) -> tuple[list[int], list[tuple[int, ...]]]:
-    """One budget and one stop-id list for every row: given once for all rows, or one per row."""
+def check_rows(model: Gemma4Model, prompts: Sequence[list[int]], budgets: int | Sequence[int],
+               stop_ids: Sequence[int] | Sequence[Sequence[int]]) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Every prompt checked, and one budget and one stop-id list per row: given once for all rows, or one per row."""
+    rows = len(prompts)
     budgets = [budgets] * rows if isinstance(budgets, int) else list(budgets)
     stops = [tuple(s) for s in stop_ids] if stop_ids and not isinstance(stop_ids[0], int) else [tuple(stop_ids)] * rows
     if not rows:
         raise ValueError("the batch is empty: give at least one prompt")
     if len(budgets) != rows or len(stops) != rows:
         raise ValueError(f"{rows} prompts need {rows} budgets and stop-id lists, got {len(budgets)} and {len(stops)}")
+    for prompt, budget in zip(prompts, budgets):
+        check_prompt(model, prompt, budget)
     return budgets, stops
 
 
@@ -73,10 +73,13 @@ def row_positions(values: list[int], device: torch.device) -> int | torch.Tensor
     return values[0] if len(values) == 1 else torch.tensor(values, device=device)
 
 
-def new_cache(model: Gemma4Model, rows: int, capacity: int, chunk: int | None) -> KVCache:
-    """A cache for `rows` rows of up to `capacity` positions, its sliding layers' slack fitting the prefill chunks."""
-    w = model.embed_tokens.weight
-    return KVCache(model.config, capacity, batch=rows, dtype=w.dtype, device=w.device,
+def new_cache(model: Gemma4Model, prompts: Sequence[list[int]], budgets: list[int], chunk: int | None, pads: int = 0
+              ) -> KVCache:
+    """A cache for every row's prompt + budget (within the context) and `pads` more positions, its sliding layers'
+    slack fitting the prefill chunks."""
+    w, context = model.embed_tokens.weight, model.config.max_position_embeddings
+    longest = max(min(len(p) + n, context) for p, n in zip(prompts, budgets))
+    return KVCache(model.config, longest + pads, batch=len(prompts), dtype=w.dtype, device=w.device,
                    slack=ring_slack(PREFILL_CHUNK if chunk is None else chunk))
 
 
@@ -85,14 +88,12 @@ def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], re
     """Step 0: write every row's prompt K/V; return each row's logits (B, V) and post-norm hidden (B, E) at its
     last prompt position, and leave `cache.length` at the prompts' lengths.
 
-    `reuse` (one row): the cache's positions 0..reuse-1 already hold the K/V of prompt[:reuse] (the caller's
-    promise; `KVCache.holds` says whether the sliding layers' rings still do): only prompt[reuse:] runs. K/V
-    depend only on the ids before them, so the result is the full prefill's. The prompts run in chunks of at
-    most `chunk` positions (PREFILL_CHUNK, and never more than the cache's slack), every row in each forward,
-    right-padded: each chunk's queries read the K/V the earlier chunks wrote, so the extra memory of a prefill
+    `reuse` (one row): positions 0..reuse-1 already hold prompt[:reuse]'s K/V (the caller's promise; `KVCache.holds`
+    says whether the rings still do): only prompt[reuse:] runs, and K/V depend only on the ids before them. The
+    prompts run in chunks of at most `chunk` positions (PREFILL_CHUNK, at most the cache's slack), all rows in
+    each forward, right-padded; each chunk reads the K/V the earlier ones wrote, so a prefill's extra memory
     grows with the prompt only through the full layers' cache. A row whose prompt is done re-runs its last
-    token (the same K/V again) rather than writing pads past it, so no forward writes more than `chunk`
-    positions past a row's length: the rings stay exact (gemma4/README.md §15).
+    token (the same K/V) rather than writing pads past its length: the rings stay exact (gemma4/README.md §15).
     """
     chunk = PREFILL_CHUNK if chunk is None else chunk
     if chunk < 1:
@@ -147,14 +148,11 @@ def decode(
     `samplers[b]`: row b's (None or temperature 0: greedy); budgets and stop ids once for all rows or one per
     row; `on_token(b, token)` sees each token as it is chosen (for streaming); `cache`, `reuse`: one row's cache
     already holding prompt[:reuse]; `prefill_chunk`: see `prefill`."""
-    budgets, stops = per_row(max_new_tokens, stop_ids, len(prompts))
-    for prompt, budget in zip(prompts, budgets):
-        check_prompt(model, prompt, budget)
+    budgets, stops = check_rows(model, prompts, max_new_tokens, stop_ids)
     samplers = [None if s is None or s.greedy else s for s in samplers or [None] * len(prompts)]
     context = model.config.max_position_embeddings
     if cache is None:
-        cache = new_cache(model, len(prompts), max(min(len(p) + n, context) for p, n in zip(prompts, budgets)),
-                          prefill_chunk)
+        cache = new_cache(model, prompts, budgets, prefill_chunk)
     logits, _ = prefill(model, cache, prompts, reuse, prefill_chunk)  # (B, V)
     seqs, results = [list(p) for p in prompts], [None] * len(prompts)
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]

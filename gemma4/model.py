@@ -10,8 +10,7 @@ Design: gemma4/README.md (cited as §n). Facts a reader must know:
 - Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block
   (26B-A4B) runs beside the dense MLP, not instead of it (§10).
 - A batch of rows may sit at different positions (mtp/README.md §12): `start_pos` is then a (B,) tensor,
-  and RoPE, masks and cache writes are per row.
-- Every projection is a plain `nn.Linear` without bias.
+  and RoPE, masks and cache writes are per row. Every projection is a plain `nn.Linear` without bias.
 
 Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim,
 E hidden size, V vocab, L layers, P PLE width.
@@ -86,8 +85,7 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None)
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(T, S) bool -> (T, S) 0 / -inf, built once per forward, not per layer (SDPA would convert a bool mask
-    in every layer)."""
+    """(T, S) bool -> (T, S) 0 / -inf, once per forward (SDPA would convert a bool mask in every layer)."""
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
 
 
@@ -235,8 +233,7 @@ class DecoderLayer(nn.Module):
 # ---------------------------------------------------------------- model
 
 class TiedHead(nn.Module):
-    """The output head is the token embedding (V, E) itself: no lm_head is stored (§5). No parameter of
-    its own, so the weight appears once in the state dict."""
+    """The output head is the token embedding (V, E) itself (§5): no parameter, the weight is stored once."""
 
     def forward(self, hidden: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, embedding)  # (..., E) @ (V, E).T -> (..., V)
@@ -295,10 +292,9 @@ class Gemma4Model(nn.Module):
     ) -> ModelOutput:
         """input_ids (B, T) at positions start_pos..start_pos+T-1; per row when start_pos is a (B,) tensor.
 
-        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding
-        layers: what their ring holds of it); the caller moves `cache.length` afterwards. Without one, the
-        forward is self-contained and starts at position 0. `num_logits` limits the head to the last n positions (prefill needs 1;
-        0 computes none: a ragged batch takes each row's own with `logits`).
+        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding layers:
+        what their ring holds of it); the caller moves `cache.length`. Without one, the forward starts at position
+        0. `num_logits`: the head on the last n positions only (0: none, a ragged batch takes each row's own).
         """
         c = self.config
         if cache is None and (not isinstance(start_pos, int) or start_pos != 0):

@@ -5,11 +5,10 @@ Facts a reader must know:
   top-k keeps every token whose logit is >= the k-th largest (ties at the k-th are all kept); top-p
   removes the tokens whose ascending cumulative probability is <= 1 - top_p and always keeps the most
   likely one (equal logits in id order, as a stable sort puts them: the higher ids are kept first).
-- A row is warped into its *candidates*: the ids that can still be drawn, and their probabilities
-  (a token removed by top-k/top-p, or -inf like the centroid head's filler, is not one). `warp_row` is the rule
-  on the whole row; `candidates` applies it to the k largest logits alone when top-k is set (every other token
-  has probability 0 anyway), so a 262k-token row is sorted and soft-maxed only without top-k. `warp` scatters
-  the candidates back into (N, V).
+- A row is warped into its *candidates*: the ids that can still be drawn, and their probabilities (a token
+  removed by top-k/top-p, or -inf like the centroid head's filler, is not one). `warp_row` is the rule on the
+  whole row; `candidates` runs it on the k largest logits alone when top-k is set (the others have probability
+  0), so a 262k-token row is sorted only without top-k. `warp` scatters the candidates back into (N, V).
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then
   sends every other token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as
   its limit, the argmax.

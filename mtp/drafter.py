@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from gemma4.cache import KV
-from gemma4.config import FULL, SLIDING, TextConfig
+from gemma4.config import TextConfig
 from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear
 from gemma4.sampling import DRAFT_STREAM, SamplerConfig, keyed_sample, warp
 
@@ -131,10 +131,9 @@ class Drafter(nn.Module):
         shared_kv: dict[str, KV], k: int, samplers: list[SamplerConfig] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k drafts for each of B rows: row b's after tokens[b] at position t[b], from the target's post-norm hidden
-        (B, E) at t_b - 1 and the target's K/V of positions 0..max t - 1 (type -> the cache's `KV`; row b's
-        query sees its own keys 0..t_b-1 only: the mask hides the rest). Greedy without samplers. With one per
-        row (`sample` drafting, §11), row b's draft j is drawn from its warped distribution q_j with the
-        DRAFT_STREAM noise keyed at t_b + j. Returns drafts (B, k), on the device, and q (B, k, V) or None."""
+        (B, E) at t_b - 1 and K/V of 0..max t - 1 (type -> the cache's `KV`; the mask hides row b's keys past t_b-1).
+        Greedy without samplers; with one per row (`sample` drafting, §11), draft j of row b is drawn from its
+        warped q_j with DRAFT_STREAM noise keyed at t_b + j. -> drafts (B, k) on the device, q (B, k, V) or None."""
         device = hidden.device
         inputs = self.layer_inputs(torch.tensor(t, device=device)[:, None], shared_kv, hidden.dtype)
         h = hidden[:, None]  # (B, 1, E)

@@ -17,11 +17,9 @@ Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4)
 - `sample` drafting: drafts are drawn from the drafter's warped q and kept by the rejection rule: exact in
   distribution, not token-equal to plain sampling.
 
-Many prompts (§12): one loop runs every row as its own run, nothing shared but the forwards. Row b drafts at its
-own position t_b over its own keys 0..t_b-1, verifies t_b..t_b+K_b and rolls back its own length. One drafter call
-drafts max_b K_b tokens for every row (row b keeps its first K_b); one verify forward takes every row's block,
-right-padded to the longest: pads land in slots that are stale after the round. A row that commits a stop id or
-spends its budget leaves. Each row's draws are keyed by its own seed and positions, so row b equals its solo run.
+Many prompts (§12): every row is its own run at its own positions (as in gemma4/generate.py), sharing only the
+forwards: one drafter call drafts max_b K_b tokens (row b keeps its first K_b), one verify takes every row's block,
+right-padded: the pads land in slots that are stale after the round.
 
 Shape legend: B rows still running, K drafts, V vocab, E target hidden.
 """
@@ -34,7 +32,7 @@ import torch
 
 from gemma4.cache import KV, PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.config import FULL, SLIDING
-from gemma4.generate import PAD, check_prompt, choose, finish_reason, new_cache, per_row, prefill, row_positions
+from gemma4.generate import PAD, check_rows, choose, finish_reason, new_cache, prefill, row_positions
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, cut_at_stop
@@ -54,10 +52,9 @@ def speculative_generate(
     on_commit: Callable[[list[int], list[bool]], None] | None = None,
     cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
 ) -> SpecResult:
-    """Greedy with `sampler=None` or temperature 0; otherwise sampling with `drafting` (see above).
+    """`speculative_rows` of one row: greedy with `sampler=None` or temperature 0, else sampling with `drafting`.
     `draft_length` learns across calls; `on_commit(tokens, from_drafter flags)` sees each committed block (for
-    streaming); `cache`, `reuse`: a cache already holding prompt[:reuse]; `prefill_chunk`: the most prompt
-    positions one forward runs (gemma4/generate.py `prefill`). `speculative_rows` of one row."""
+    streaming); `cache`, `reuse`: a cache holding prompt[:reuse]; `prefill_chunk`: see gemma4/generate.py."""
     draft_length.start_call()
     each = None if on_commit is None else lambda _, tokens, flags: on_commit(tokens, flags)
     return speculative_rows(target, drafter, [prompt], max_new_tokens, [draft_length], stop_ids, [sampler],
@@ -87,20 +84,13 @@ def speculative_rows(
 ) -> list[SpecResult]:
     """The loop: row b runs prompts[b] with its own budget, stop ids, sampler and schedule lengths[b];
     `on_commit(b, tokens, from_drafter flags)`; `cache`, `reuse`: one row's cache holding prompt[:reuse]."""
-    budgets, stops = per_row(max_new_tokens, stop_ids, len(prompts))
-    for prompt, budget in zip(prompts, budgets):
-        check_prompt(target, prompt, budget)
-    samplers = list(samplers or [None] * len(prompts))
-    for sampler in samplers:
-        check_sampling(sampler, drafting)
+    budgets, stops = check_rows(target, prompts, max_new_tokens, stop_ids)
+    samplers = [check_sampling(s, drafting) for s in samplers or [None] * len(prompts)]
     check_windows(target, drafter)
-    samplers = [None if s is None or s.greedy else s for s in samplers]  # temperature 0 is the greedy loop itself
-    sampled_drafts = drafting == "sample"  # else the drafter proposes its argmax
     context = target.config.max_position_embeddings
     if cache is None:  # several rows: room for a verify's pads past a row's last position, fewer than the slack
         pads = min(max(budgets), ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk))
-        longest = max(min(len(p) + n, context) for p, n in zip(prompts, budgets))
-        cache = new_cache(target, len(prompts), longest + (pads if len(prompts) > 1 else 0), prefill_chunk)
+        cache = new_cache(target, prompts, budgets, prefill_chunk, pads if len(prompts) > 1 else 0)
 
     # 0. Prefill: one forward over each prompt (past a reused prefix) commits its first token. The drafter needs
     #    nothing for a reused prefix: it keeps no cache, and reads the target's K/V and the hidden of the
@@ -137,8 +127,9 @@ def speculative_rows(
         #    0..t_b-1: the drafter's argmax, or (sample drafting) draws from its warped q. Row b keeps K_b.
         drafts, q = [[] for _ in rows], None
         if k:
-            drafted, q = drafter.propose(target, [seqs[b][-1] for b in rows], hidden, t, target_kv(cache, target, max(t)),
-                                         k, [samplers[b] for b in rows] if sampled_drafts else None)  # (B, k), (B, k, V)
+            row_samplers = [samplers[b] for b in rows] if drafting == "sample" else None  # None: the argmax
+            drafted, q = drafter.propose(target, [seqs[b][-1] for b in rows], hidden, t,
+                                         target_kv(cache, target, max(t)), k, row_samplers)  # (B, k), (B, k, V)
             drafts = [d[:n] for d, n in zip(drafted.tolist(), ks)]
 
         # 3. Verify [seq_b[t_b], d_1..d_K_b] at positions t_b..t_b+K_b, all rows in one target forward.
@@ -164,10 +155,10 @@ def speculative_rows(
         cache.length = row_positions([n + a + 1 for n, a in zip(t, accepted)], hidden.device)
         hidden = out.hidden[torch.arange(len(rows)), torch.tensor(accepted)]  # (B, E) h[t'_b-1]
 
+
 def target_kv(cache: KVCache, model: Gemma4Model, t: int) -> dict[str, KV]:
-    """K/V of positions 0..t-1 of the target's last non-shared sliding and full layers, with the positions of
-    their slots: what the drafter reads (§3). A sliding layer's ring may also hold stale slots past t-1: the mask
-    hides them."""
+    """K/V of positions 0..t-1 of the target's last non-shared sliding and full layers, with their slots' positions:
+    what the drafter reads (§3). A ring's stale slots past t-1 are hidden by the mask."""
     c = model.config
     return {kind: cache.read(c.kv_source(kind), t) for kind in (SLIDING, FULL)}
 
@@ -181,8 +172,10 @@ def check_windows(target: Gemma4Model, drafter: Drafter) -> None:
                          f"cache keeps only its own window, so this pair cannot run")
 
 
-def check_sampling(sampler: SamplerConfig | None, drafting: str) -> None:
+def check_sampling(sampler: SamplerConfig | None, drafting: str) -> SamplerConfig | None:
+    """The sampler a row runs, refused where it cannot run with `drafting`: None (greedy) for temperature 0."""
     if drafting not in DRAFTING:
         raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
     if drafting == "sample" and (sampler is None or sampler.greedy):
         raise ValueError("sample drafting draws from the drafter's distribution: it needs a temperature > 0")
+    return None if sampler is None or sampler.greedy else sampler  # temperature 0 is the greedy loop itself

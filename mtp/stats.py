@@ -1,6 +1,5 @@
-"""What a speculative run did: per-round drafts and acceptance, and the run's result. The statistics keep their
-own clock: a round's seconds run from the previous record (or the statistics' making, after the prefill) to its
-own, so the loop times nothing itself."""
+"""What a speculative run did: per-round drafts and acceptance, and the run's result. A round's seconds run from
+the previous record (or the statistics' making, after the prefill) to its own: the loop times nothing itself."""
 
 import time
 from collections import Counter
@@ -34,10 +33,9 @@ class SpecStats:
         self.rounds.append(Round(drafts, a, self.clock - now))
         self.drafted += len(drafts)
         self.accepted += committed_drafts
+        missing = [0] * (len(drafts) - len(self.drafted_at))  # a round longer than every one before
+        self.drafted_at, self.accepted_at = self.drafted_at + missing, self.accepted_at + missing
         for i in range(len(drafts)):
-            if i == len(self.drafted_at):
-                self.drafted_at.append(0)
-                self.accepted_at.append(0)
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < committed_drafts
 

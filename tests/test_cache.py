@@ -46,18 +46,18 @@ def test_grows_by_doubling_to_capacity_and_to_the_ring() -> None:
     """A cache that starts empty holds what a preallocated one holds after every write; full layers double up to the
     capacity, sliding layers up to their ring; a forward past the capacity or past the slack is refused."""
     grown, full = KVCache(C, 40, reserve=0, slack=8), KVCache(C, 40, slack=8)
-    assert grown.ring == full.ring == W + 8 and grown.allocated(FULL_LAYER) == grown.allocated(SLIDING_LAYER) == 0
+    assert grown.ring == full.ring == W + 8 and grown.keys[FULL_LAYER].shape[2] == grown.keys[SLIDING_LAYER].shape[2] == 0
     sizes = []
     for start, t in [(0, 5), (5, 1), (6, 4), (10, 1), (11, 8), (19, 8), (27, 8), (35, 5)]:  # prefill chunks, steps
         grown.length = full.length = start
         a, b = forward(grown, start, t, start), forward(full, start, t, start)
         for layer in grown.keys:
             assert all(torch.equal(x, y) for x, y in zip(a[layer][2], b[layer][2]))
-        sizes.append((grown.allocated(FULL_LAYER), grown.allocated(SLIDING_LAYER)))
+        sizes.append((grown.keys[FULL_LAYER].shape[2], grown.keys[SLIDING_LAYER].shape[2]))
     # the write's end, then doubled; never past the capacity (40) or the ring (16)
     assert [s[0] for s in sizes] == [5, 10, 10, 20, 20, 40, 40, 40]
     assert [s[1] for s in sizes] == [5, 10, 10, 16, 16, 16, 16, 16]
-    assert full.allocated(FULL_LAYER) == 40 and full.allocated(SLIDING_LAYER) == 16
+    assert full.keys[FULL_LAYER].shape[2] == 40 and full.keys[SLIDING_LAYER].shape[2] == 16
     grown.length = 40
     with pytest.raises(ValueError, match="holds 40 positions"):
         grown.claim(40, 1)
@@ -104,7 +104,7 @@ def test_batch_rows_at_different_positions_and_keep() -> None:
     cache.length = torch.tensor([4, 2, 3])  # rows at different positions
     step = forward(cache, cache.length, 1, 4)
     keys, _ = step[FULL_LAYER][2]
-    assert cache.allocated(FULL_LAYER) == 8 and keys.shape[2] == 5  # 2 -> 4 (the prefill's end) -> 8
+    assert cache.keys[FULL_LAYER].shape[2] == 8 and keys.shape[2] == 5  # 2 -> 4 (the prefill's end) -> 8
     for b, p in enumerate([4, 2, 3]):
         assert torch.equal(keys[b, :, p], step[FULL_LAYER][0][b, :, 0])
         assert torch.equal(keys[b, :, :p], first[FULL_LAYER][0][b, :, :p])

@@ -107,45 +107,45 @@ def raw_q_spy(drafter, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(drafter, "step", spy)
 
 
-def keyed_transformers(drafts, logits, sampler, t, rows=candidates):  # noqa: ANN001, ANN201
+def keyed_transformers(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     """Argmax drafts, but the ratio test (and residual) against the raw q, as transformers 5.22.2 does."""
     if not drafts:  # a round that drafted nothing: no test to run
-        return CORRECT_KEYED(drafts, logits, sampler, t, rows)
-    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t, rows)  # q: (K, V)
+        return CORRECT_KEYED(drafts, logits, sampler, t)
+    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)  # q: (K, V)
 
 
-def keyed_wrong_bonus(drafts, logits, sampler, t, rows=candidates):  # noqa: ANN001, ANN201
-    a, token = CORRECT_KEYED(drafts, logits, sampler, t, rows)
+def keyed_wrong_bonus(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
+    a, token = CORRECT_KEYED(drafts, logits, sampler, t)
     if a == len(drafts) > 0:  # all kept: the bonus from the last draft's row, not from the row after it
-        token = keyed_sample(warp(logits[a - 1:a], sampler, rows), sampler.seed, TOKEN_STREAM, [t + 1 + a])[0]
+        token = keyed_sample(warp(logits[a - 1:a], sampler), sampler.seed, TOKEN_STREAM, [t + 1 + a])[0]
     return a, token
 
 
-def keyed_no_zeroing(drafts, logits, sampler, t, rows=candidates):  # noqa: ANN001, ANN201
+def keyed_no_zeroing(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     """Keep d with probability p(d), else a fresh draw from p, which can be d again."""
-    p = warp(logits, sampler, rows)
+    p = warp(logits, sampler)
     for i, d in enumerate(drafts):
         if not keyed_uniform(sampler.seed, ACCEPT_STREAM, t + 1 + i) < float(p[i, d]):
             return i, keyed_sample(p[i:i + 1], sampler.seed, TOKEN_STREAM, [t + 1 + i])[0]
     return len(drafts), keyed_sample(p[-1:], sampler.seed, TOKEN_STREAM, [t + 1 + len(drafts)])[0]
 
 
-def rejection_transformers(drafts, q, logits, sampler, t, rows=candidates):  # noqa: ANN001, ANN201
+def rejection_transformers(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
     """Sampled drafts, but the raw q in the ratio test and the residual instead of the warped one."""
-    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t, rows)
+    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)
 
 
-def rejection_wrong_bonus(drafts, q, logits, sampler, t, rows=candidates):  # noqa: ANN001, ANN201
+def rejection_wrong_bonus(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
     # The last row replaced by the last draft's row: the bonus is drawn from the wrong distribution.
-    return CORRECT_REJECTION(drafts, q, torch.cat([logits[:-1], logits[-2:-1]]), sampler, t, rows)
+    return CORRECT_REJECTION(drafts, q, torch.cat([logits[:-1], logits[-2:-1]]), sampler, t)
 
 
-def rejection_shared_uniform(drafts, q, logits, sampler, t, rows=candidates):  # noqa: ANN001, ANN201
+def rejection_shared_uniform(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
     """The product's rule with the first draft's uniform used at every position of the block."""
     keyed = rules.keyed_uniform
     rules.keyed_uniform = lambda seed, stream, position: keyed(seed, stream, t + 1)
     try:
-        return CORRECT_REJECTION(drafts, q, logits, sampler, t, rows)
+        return CORRECT_REJECTION(drafts, q, logits, sampler, t)
     finally:
         rules.keyed_uniform = keyed
 

@@ -106,7 +106,7 @@ def test_the_cache_writes_at_device_positions_and_reads_whole_buffers(models) ->
     target, _ = models["e2b", "echo"]
     cache = StaticKVCache(target.config, 16)
     k, v = torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16)  # (B, K, T, D)
-    keys, values = cache.write(0, torch.tensor([4, 5, 6]), k, v)
+    keys, values = cache.write(0, cache.slots(torch.tensor([4, 5, 6])), k, v)  # layer 0: a full layer
     assert keys.shape == (1, 1, 16, 16) and keys.data_ptr() == cache.keys[0].data_ptr()
     assert torch.equal(keys[:, :, 4:7], k) and torch.equal(values[:, :, 4:7], v) and not keys[:, :, :4].any()
     assert cache.read(0, 5)[0].shape == (1, 1, 16, 16)  # whole: the reader's mask hides 5..15

@@ -83,7 +83,7 @@ class StaticKVCache(KVCache):
         layer writes; every slot is read (`key_positions`)."""
         ring = positions % self.ring  # (T,)
         self.slot_positions.index_copy_(1, ring, positions[None])  # (1, R)
-        return Slots(None, None, positions, ring, self.capacity, self.key_positions())
+        return Slots(None, positions, ring, self.capacity, self.key_positions())
 
     def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at the slots' positions (a sliding layer: their ring slots); return the whole

@@ -37,7 +37,7 @@ ROWS = (1, 2, 5, 9)  # a decode step multiplies 1 row, a verify of K drafts K + 
 def cost_section(target: Gemma4Model, drafter: Drafter, prompt: list[int], reps: int, clock: Clock = HOST
                  ) -> dict[str, Any]:
     """Seconds of a 1-token decode, (K+1)-token verifies and K-step draft rounds at the same position."""
-    p, device = len(prompt), device_of(target)
+    p = len(prompt)
     cache, out = prefilled(target, prompt, MAX_K + 1)
     token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[:, -1], target_kv(cache, target, p)
     runs: dict[str, Callable[[], Any]] = {"decode": lambda: target.run(torch.tensor([[token]]), cache, p)}

@@ -100,7 +100,6 @@ def our_decode_step(target: Gemma4Model, prompt: list[int]) -> Callable[[], Any]
     """The prompt prefilled into a new cache, and the cached 1-token forward that follows it, as every
     step of greedy_generate runs it."""
     cache, _ = prefilled(target, prompt, 1)
-    device = device_of(target)
     return torch.inference_mode()(lambda: target.run(torch.tensor([prompt[-1:]]), cache, len(prompt)))
 
 
