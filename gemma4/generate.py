@@ -132,7 +132,7 @@ class Generated(NamedTuple):
 
 def choose(logits: torch.Tensor, sampler: SamplerConfig | None, position: int) -> int:
     """The token at absolute `position` from the logits (1, V) of the position before: the argmax without a
-    sampler, else the keyed sample there. Every committed token of every loop is chosen here."""
+    sampler, else its keyed sample. Plain decoding's tokens and every loop's first (verifies: mtp/accept.py)."""
     return int(logits[0].argmax()) if sampler is None else sample(logits, sampler, TOKEN_STREAM, [position])[0]
 
 

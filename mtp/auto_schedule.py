@@ -51,7 +51,7 @@ rejections α_1 = 0.5/(n + 1) (n ≤ 9; then × 0.9 a rejection), and K = 1 pays
 first). They cost n·Δ ≤ max(Δ, 1/2) over plain decoding. From then on only probes draft (below), Δ each, one
 round in probe_every after the opening's last draft: over N rounds the overhead is at most (n + N/probe_every)·Δ.
 With c_draft = 0.3 and c_verify(n) = 1 + 0.1(n - 1), so time(K) = 1 + 0.4·K, fixed or timed: Δ = 0.4, K = 0
-from round 2, 0.4 once and 0.025 a round after (tests/test_schedule.py). A first round of 4 drafts: 1.6.
+from round 2, 0.4 once and 0.025 a round after (tests/parts/test_schedule.py). A first round of 4 drafts: 1.6.
 
 Probing: the estimates only test drafts the controller makes, so a stale low α_{K+1} would keep K where it is
 for good (at K = 0 nothing tests α_1: no recovery when the text turns easy). One round in every `probe_every`

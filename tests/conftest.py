@@ -1,13 +1,14 @@
-"""Test-wide settings and fixtures. The test models are tiny: one thread runs them as fast as two, and on a
-2-core machine a second thread per process only fights the other processes for the cores.
+"""Test-wide settings and fixtures, one per concept. The test models are tiny: one thread runs them as fast as
+two, and the suite runs in two processes (pytest-xdist's `-n 2`, README.md), one per core.
 
-- `models`: the loaded pairs of the equivalence suites (tests/pairs.py), built once.
+- `models`: the loaded pairs of the equivalence suites (tests/pairs.py), built once per process.
 - `make_pair`: checkpoint files of a target and its assistant, written once per distinct set of arguments.
   Every test reads the same directories, so a test that edits a file edits a copy (shutil.copytree).
-- `pair`: the pair the command-line tests run, shaped like a release (make_pair's `release=True`). A module
-  that needs another pair defines its own `pair` from make_pair.
+- `pair`: the files of the pair the commands run, shaped like a release (make_pair's `release=True`).
 - `default_sigint`: Ctrl-C raises KeyboardInterrupt for the test, whatever the run inherited.
-After the run, the terminal summary prints what the tests measured (tests/measured.py).
+Plain helpers, not fixtures: `prompt` and `plain` (the memoised reference run) in tests/pairs.py.
+After the run, the terminal summary prints what the tests measured (tests/measured.py), gathered from every
+process.
 """
 
 import signal
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from tests.checkpoints import write_assistant, write_target
-from tests.measured import summary
+from tests.measured import export, merge, summary
 from tests.pairs import build_pairs, shrink_branches
 from tests.tokenizer_fixture import write_tokenizer
 
@@ -81,6 +82,18 @@ def default_sigint() -> Iterator[None]:
     yield
     if before is not None:  # None: a handler installed outside Python, which Python cannot put back
         signal.signal(signal.SIGINT, before)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker: hand what its tests measured to the controlling process."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["measured"] = export()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 (xdist's worker node)
+    """In the controlling process: take in a finished worker's measurements."""
+    merge(node.workeroutput.get("measured"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -20,6 +20,19 @@ PARITY: list[Parity] = []
 ACCEPTANCE: dict[tuple[str, str], list[float]] = {}  # (shape, drafter) -> acceptance rates over the grid
 
 
+def export() -> dict:
+    """This process's entries as plain data (an xdist worker sends them to the controlling process)."""
+    return {"parity": [vars(p) for p in PARITY], "acceptance": [[s, d, v] for (s, d), v in ACCEPTANCE.items()]}
+
+
+def merge(data: dict | None) -> None:
+    """Add another process's `export`."""
+    if data:
+        PARITY.extend(Parity(**p) for p in data["parity"])
+        for shape, drafter, rates in data["acceptance"]:
+            ACCEPTANCE.setdefault((shape, drafter), []).extend(rates)
+
+
 def summary() -> list[str]:
     """The worst case of each parity test (the one nearest its bound), then each test pair's mean
     acceptance rate."""

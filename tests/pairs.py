@@ -9,12 +9,14 @@
 `build_pairs` writes and loads them once per session (the `models` fixture of conftest.py).
 """
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from gemma4 import Gemma4Model, load_target
+from gemma4 import Gemma4Model, SamplerConfig, greedy_generate, load_target, sample_generate
 from mtp import Drafter, load_drafter
 from tests.checkpoints import SHAPES, write_assistant, write_target
 
@@ -22,9 +24,31 @@ DRAFTERS = ("random", "echo", "always")
 PROMPTS = {"short": 5, "long": 21}  # the target's sliding window is 8, the drafter's 6
 
 
-def prompt(kind: str, vocab: int = 512) -> list[int]:
-    g = torch.Generator().manual_seed(PROMPTS[kind])
-    return [2] + torch.randint(3, vocab, (PROMPTS[kind] - 1,), generator=g).tolist()
+def prompt(length: int | str, seed: int | None = None, vocab: int = 512) -> list[int]:
+    """BOS, then length - 1 ids of 3..vocab-1 (no special id) drawn with `seed` (by default the length).
+    `length` may name a PROMPTS kind."""
+    n = PROMPTS[length] if isinstance(length, str) else length
+    g = torch.Generator().manual_seed(n if seed is None else seed)
+    return [2] + torch.randint(3, vocab, (n - 1,), generator=g).tolist()
+
+
+# (decoder, id of the model, arguments) -> (the model, its tokens). The model is held so that its id cannot be
+# reused by a later object (a test's deep copy) while the entry lives: an id alone once returned another
+# shape's tokens to a copy born at a freed model's address.
+RUNS: dict[tuple, tuple[Gemma4Model, list[int]]] = {}
+
+
+def plain(target: Gemma4Model, ids: list[int], n: int, sampler: SamplerConfig | None = None,
+          decoder: Callable[..., list[int]] | None = None) -> list[int]:
+    """The reference run the loops are held to, decoded once per (model, prompt, budget, sampler): plain
+    greedy decoding, plain keyed sampling with `sampler`, or `decoder(target, ids, n)` (e.g. the cache-free
+    `reference_greedy`)."""
+    if decoder is None:
+        decoder = greedy_generate if sampler is None else partial(sample_generate, sampler=sampler)
+    key = (decoder if not isinstance(decoder, partial) else ("sample", sampler), id(target), tuple(ids), n)
+    if key not in RUNS:
+        RUNS[key] = target, decoder(target, list(ids), n)
+    return RUNS[key][1]
 
 
 def shrink_branches(path: Path, factor: float) -> None:

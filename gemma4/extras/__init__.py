@@ -1,1 +1,1 @@
-"""Extras beside the textbook decoder: plain decoding of a batch of prompts."""
+"""Extras beside the textbook decoder: what a cache costs in bytes (memory.py)."""

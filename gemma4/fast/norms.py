@@ -3,7 +3,7 @@
 A decode step runs ~150 norms on tensors so small that each ATen call costs about as much as its arithmetic:
 the textbook `rms_norm` makes 8 calls (`F.rms_norm` is a composite of 24 on the CPU), `fast_rms_norm` 7 and
 skips the casts that would do nothing; `FastRMSNorm` also skips nn.Module's hook dispatch (about 2 µs a
-call), so hooks on it do not run. The numbers are the textbook's (tests/test_fast.py compares them). The
+call), so hooks on it do not run. The numbers are the textbook's (tests/speed/test_fast.py compares them). The
 alternatives measured: scripts/benchmark.md.
 """
 

@@ -1,1 +1,1 @@
-"""Extras beside the textbook loop: batches of prompts and conversations on one cache."""
+"""Extras beside the textbook loop: conversations on one cache (batches run in the loop itself)."""

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import run_inprocess  # the `pair` fixture is in conftest.py
+from tests.commands.test_cli import run_inprocess  # the `pair` fixture is in conftest.py
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "generate.py"
 
 

@@ -176,19 +176,20 @@ def draft_length(rule: str) -> DraftLength:
 
 
 @pytest.fixture(scope="module")
-def pair(make_pair):  # noqa: ANN001, ANN201 (conftest.py)
+def mini(make_pair):  # noqa: ANN001, ANN201 (conftest.py)
+    """The two-layer target and the echo drafter (see above), loaded."""
     target, drafter = make_pair("mini", ordered_embeddings=False, echo=True, target_seed=2, assistant_seed=2)
     return load_target(target), load_drafter(drafter)
 
 
 @pytest.fixture(scope="module")
-def law(pair) -> dict[tuple[int, ...], float]:  # noqa: ANN001
-    return exact_law(pair[0], prompt("short"), SamplerConfig(**SAMPLER))
+def law(mini) -> dict[tuple[int, ...], float]:  # noqa: ANN001
+    return exact_law(mini[0], prompt("short"), SamplerConfig(**SAMPLER))
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_first_tokens_follow_the_target_law(rule: str, pair, law, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    target, drafter = pair[0], copy.deepcopy(pair[1])  # the spy goes on a copy: the module's drafter stays
+def test_first_tokens_follow_the_target_law(rule: str, mini, law, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    target, drafter = mini[0], copy.deepcopy(mini[1])  # the spy goes on a copy: the module's drafter stays
     drafting, replaced, replacement = RULES[rule]
     raw_q_spy(drafter, monkeypatch)
     if replaced:
@@ -213,10 +214,10 @@ TOP_P_AT_K0 = (1.0, 0.9)
 
 
 @pytest.mark.parametrize("top_p", TOP_P_AT_K0)
-def test_keyed_draws_with_every_token_a_candidate(top_p: float, pair) -> None:  # noqa: ANN001
+def test_keyed_draws_with_every_token_a_candidate(top_p: float, mini) -> None:  # noqa: ANN001
     """top-k 0: every token of the vocabulary is a candidate and draws noise. One row of the target's
     logits drawn at DRAWS positions (each its own noise: i.i.d. draws) against its warped law."""
-    target, _ = pair
+    target, _ = mini
     with torch.inference_mode():
         logits = target(torch.tensor([prompt("short")]))[0, -1:]  # (1, V)
     cfg = SamplerConfig(temperature=1.0, top_k=0, top_p=top_p)
@@ -232,11 +233,11 @@ def test_keyed_draws_with_every_token_a_candidate(top_p: float, pair) -> None:  
 BIASED_DRAWS = 16_000
 
 
-def test_a_five_percent_bias_fails(pair) -> None:  # noqa: ANN001
+def test_a_five_percent_bias_fails(mini) -> None:  # noqa: ANN001
     """The threshold's power: one row of the target at top-k 3 (the rules' sampler), BIASED_DRAWS keyed draws
     at positions 0..BIASED_DRAWS-1. The exact sampler passes; the same draws from the row with 5% of its
     likeliest token's mass moved to its least likely candidate fail."""
-    target, _ = pair
+    target, _ = mini
     with torch.inference_mode():
         logits = target(torch.tensor([prompt("short")]))[0, -1]  # (V,)
     cfg = SamplerConfig(**SAMPLER)

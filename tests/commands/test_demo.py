@@ -17,7 +17,7 @@ from gemma4.config import FULL, SLIDING
 from gemma4.tokenizer import Gemma4Tokenizer, stop_ids
 from mtp import DraftLength, check_pair, load_drafter, speculative_generate
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "scripts" / "demo"
 
 PROMPTS = [
@@ -29,12 +29,12 @@ PROMPTS = [
 FIXED_PROMPT = '    def __repr__(self):\n        return "'  # acceptance 0.94 at K=4 when the pair was made
 
 
-def test_default_prompt_does_not_loop(pair):
+def test_default_prompt_does_not_loop(demo):
     """generate.py's default prompt for a model without a chat template: the demo's greedy 128 tokens
     repeat no line more than twice (other prompts fall into `self.get_name = self.get_name` loops), and most drafts land."""
     from generate import CODE_PROMPT
 
-    target, drafter, tok = pair
+    target, drafter, tok = demo
     spec = speculative_generate(target, drafter, tok.encode_raw(CODE_PROMPT), 128, DraftLength(4),
                                 stop_ids(DEMO / "target"))
     lines = [line.strip() for line in tok.decode(spec.tokens, skip_special_tokens=True).splitlines() if line.strip()]
@@ -44,14 +44,15 @@ def test_default_prompt_does_not_loop(pair):
 
 
 @pytest.fixture(scope="module")
-def pair():
+def demo():
+    """The bundled demo pair, loaded, and its tokenizer."""
     target = load_target(DEMO / "target")
     drafter = load_drafter(DEMO / "assistant")
     return target, drafter, Gemma4Tokenizer(DEMO / "target" / "tokenizer.json")
 
 
-def test_demo_pair_is_a_gemma4_pair(pair):
-    target, drafter, _ = pair
+def test_demo_pair_is_a_gemma4_pair(demo):
+    target, drafter, _ = demo
     c = target.config
     check_pair(c, drafter.config, "demo target", "demo assistant")
     assert set(c.layer_types) == {SLIDING, FULL} and c.layer_types[-1] == FULL
@@ -61,8 +62,8 @@ def test_demo_pair_is_a_gemma4_pair(pair):
     assert files < 25e6
 
 
-def test_demo_tokenizer_has_the_gemma4_special_tokens(pair):
-    _, _, tok = pair
+def test_demo_tokenizer_has_the_gemma4_special_tokens(demo):
+    _, _, tok = demo
     assert tok.encode("<bos><|turn>user\n")[:2] == [2, 105]
     assert tok.encode("<turn|><eos><pad>") == [106, 1, 0]
     text = "def f(x):\n    return x + 1\n"
@@ -71,16 +72,16 @@ def test_demo_tokenizer_has_the_gemma4_special_tokens(pair):
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_demo_speculative_equals_plain_greedy(pair, prompt):
-    target, drafter, tok = pair
+def test_demo_speculative_equals_plain_greedy(demo, prompt):
+    target, drafter, tok = demo
     ids = tok.encode_raw(prompt)
     plain = greedy_generate(target, ids, 40)
     spec = speculative_generate(target, drafter, ids, 40, DraftLength(4)).tokens
     assert spec == plain
 
 
-def test_demo_drafter_is_accepted(pair):
-    target, drafter, tok = pair
+def test_demo_drafter_is_accepted(demo):
+    target, drafter, tok = demo
     stats = speculative_generate(target, drafter, tok.encode_raw(FIXED_PROMPT), 64, DraftLength(4)).stats
     assert stats.acceptance_rate > 0.5, stats.acceptance_rate
     assert stats.tokens_per_forward > 2.0

@@ -23,7 +23,7 @@ from train_drafter import drafter_config, init_drafter, unrolled_loss
 from training.common import adamw
 from training.distill import Distill, continuations
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 VOCAB = 512  # tests/checkpoints.py
 
@@ -71,7 +71,7 @@ def test_a_short_distillation_lowers_the_loss_and_raises_sampled_acceptance(tmp_
     after = sampled_acceptance(target, drafter, held, 1.0)
     # The loss holds the centroid classifier's soft cross-entropy, whose floor is the clusters' entropy.
     assert sum(losses[-8:]) < 0.8 * sum(losses[:8]), losses
-    # One draft per round (K = 1): the acceptance rate is the mean of sum min(p, q) (tests/test_distill.py).
+    # One draft per round (K = 1): the acceptance rate is the mean of sum min(p, q) (tests/commands/test_distill.py).
     assert after > before + 0.06, (before, after)
 
 

@@ -31,9 +31,9 @@ import pytest
 
 import chat  # scripts/chat.py (pyproject.toml puts scripts/ on pytest's path)
 from gemma4.tokenizer import CHANNEL_END_ID, CHANNEL_START_ID, Gemma4Tokenizer
-from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
+from tests.commands.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "chat.py"
 
 FIELDS = {"turn", "prompt_ids", "reused", "prefilled", "tokens", "text", "finish_reason", "stats"}

@@ -10,7 +10,7 @@
 - With `argmax` drafting, speculative sampling commits exactly the tokens of plain sampling with the
   same seed (float32), over the three tiny shapes, the three drafters of tests/pairs.py, K in
   {1, 3, 6}, the three schedules and three seeds, at T = 1 with top-k and top-p on.
-The distributions themselves (both drafting modes) are tested in test_sampling_distribution.py.
+The distributions themselves (both drafting modes) are tested in tests/equivalence/test_sampling_distribution.py.
 """
 
 import itertools
@@ -28,7 +28,7 @@ from gemma4.sampling import (
 )
 from mtp import SCHEDULES, DraftLength, speculative_generate
 from tests.checkpoints import SHAPES
-from tests.pairs import DRAFTERS, prompt  # the `models` fixture is in conftest.py
+from tests.pairs import DRAFTERS, plain, prompt  # the `models` fixture is in conftest.py
 
 SEEDS = (0, 1, 2)
 SAMPLER = dict(temperature=1.0, top_k=20, top_p=0.9)
@@ -110,7 +110,7 @@ def rows(v: int, n: int, seed: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("v", (300, 4096, 16384))  # 300: one pass; 4096, 16384: the chunked top-k, sliced top-p
+@pytest.mark.parametrize("v", (300, 4096, 16384))  # vocabularies small and large, as one row
 @pytest.mark.parametrize("temperature, top_k, top_p", [
     (1.0, 1, 1.0), (1.0, 64, 1.0), (0.7, 64, 0.95), (1.0, 0, 0.95), (1.3, 0, 0.5), (1.0, 0, 1.0), (0.8, 3, 0.9),
     (1.0, 40, 0.5), (1.0, 1000, 0.99), (2.0, 0, 0.999),
@@ -246,15 +246,6 @@ def test_keyed_draws_follow_the_distribution() -> None:
 # ---------------------------------------------------------------- plain and speculative sampling
 
 
-# -> (the model, its tokens): the model is held so that its id cannot be reused by a later copy.
-PLAIN: dict[tuple[int, int, int], tuple[object, list[int]]] = {}
-
-
-def plain(target, seed: int, n: int) -> list[int]:  # noqa: ANN001
-    key = (id(target), seed, n)
-    if key not in PLAIN:
-        PLAIN[key] = target, sample_generate(target, prompt("long"), n, SamplerConfig(**SAMPLER, seed=seed))
-    return PLAIN[key][1]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -269,7 +260,7 @@ def test_argmax_drafting_equals_plain_sampling(models, shape: str, drafter: str,
     sampler = SamplerConfig(**SAMPLER, seed=seed)
     result = speculative_generate(target, draft_model, prompt("long"), budget, DraftLength(k, schedule),
                                   sampler=sampler)
-    assert result.tokens == plain(target, seed, budget)
+    assert result.tokens == plain(target, prompt("long"), budget, SamplerConfig(**SAMPLER, seed=seed))
     assert result.finish_reason == "length"
 
 
@@ -298,7 +289,7 @@ def test_seeds_and_greedy(models) -> None:  # noqa: ANN001
     assert sample_generate(target, p, 30, SamplerConfig(temperature=0.0, top_k=5)) == greedy  # T = 0 is greedy
     assert speculative_generate(target, draft_model, p, 30, DraftLength(3),
                                 sampler=SamplerConfig(temperature=0.0)).tokens == greedy
-    assert plain(target, 0, 20) != greedy[:20]  # sampling really samples
+    assert plain(target, prompt("long"), 20, SamplerConfig(**SAMPLER, seed=0)) != greedy[:20]  # sampling really samples
 
 
 def test_bad_drafting_is_refused(models) -> None:  # noqa: ANN001

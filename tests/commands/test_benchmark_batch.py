@@ -11,13 +11,9 @@ import benchmark
 from bench.batch import EXPERTS, TOP_K, batch_table, uniform_expectation
 
 
-@pytest.fixture(scope="module")
-def pair(make_pair) -> tuple[Path, Path]:  # noqa: ANN001 (conftest.py)
-    return make_pair("dense", ordered_embeddings=False, echo=True)
-
-
-def test_batch_and_expert_sections(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    result = benchmark.main(sections=["batch", "experts"], target_dir=pair[0], assistant_dir=pair[1], tokens=5,
+def test_batch_and_expert_sections(make_pair, tmp_path: Path) -> None:  # noqa: ANN001 (conftest.py)
+    target_dir, assistant_dir = make_pair("dense", ordered_embeddings=False, echo=True)  # a MoE-free, dense-head pair
+    result = benchmark.main(sections=["batch", "experts"], target_dir=target_dir, assistant_dir=assistant_dir, tokens=5,
                             e2b_tokens=4, reps=1, e2b_reps=1, k=2, e2b_dir=tmp_path, threads=1, copy_mib=4,
                             use_transformers=False)
     result = json.loads(json.dumps(result))  # the --json output is exactly this object

@@ -1,7 +1,7 @@
-"""The drafter against transformers 5.22.2 `Gemma4AssistantForCausalLM` on the same files: logits of
-both heads and the next hidden for the same target state (float32, bound against a float64 run:
-tests/tolerance.py), whole drafting rounds, and the first round of transformers' assisted `generate`.
-Plus the load-time pair checks."""
+"""The textbook drafter and target (`fast=False`) against transformers 5.22.2 `Gemma4AssistantForCausalLM` on the
+same files: logits of both heads and the next hidden for the same target state (float32, bound against a float64
+run: tests/tolerance.py), whole drafting rounds, and the first round of transformers' assisted `generate`. Plus
+the load-time pair checks."""
 
 import copy
 import json
@@ -16,15 +16,12 @@ from mtp import DraftLength, check_pair, load_drafter, speculative_generate
 from mtp.loading import drafter_config_from_dict
 from mtp.speculative import target_kv
 from tests.checkpoints import SHAPES, write_assistant, write_target
+from tests.pairs import prompt
 from tests.tf_oracle import tf_assisted_greedy, tf_assistant, tf_draft, tf_drafter_step, tf_target, tf_target_outputs
 from tests.tolerance import assert_fp32_parity
 
 CASES = [(shape, ordered) for shape in SHAPES for ordered in (True, False)]
 
-
-def prompt(length: int, seed: int = 11) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return [2] + torch.randint(3, 512, (length - 1,), generator=g).tolist()
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{s}-{'centroid' if o else 'dense'}" for s, o in CASES])
@@ -35,18 +32,18 @@ def files(request: pytest.FixtureRequest, make_pair) -> tuple[Path, Path]:  # no
 
 def load_pair(files: tuple[Path, Path], dtype: torch.dtype):  # noqa: ANN201
     target, assistant = files
-    return (load_target(target, dtype=dtype), load_drafter(assistant, dtype=dtype),
+    return (load_target(target, dtype=dtype, fast=False), load_drafter(assistant, dtype=dtype, fast=False),
             tf_target(target, dtype=dtype), tf_assistant(assistant, dtype=dtype))
 
 
 @pytest.fixture(scope="module")
-def pair(files: tuple[Path, Path]):  # noqa: ANN201
+def drafter_vs_tf(files: tuple[Path, Path]):  # noqa: ANN201
     return load_pair(files, torch.float32)
 
 
 @pytest.fixture(scope="module")
-def pair64(files: tuple[Path, Path]):  # noqa: ANN201
-    """The same files in float64: the reference the float32 pair is measured against."""
+def drafter_vs_tf64(files: tuple[Path, Path]):  # noqa: ANN201
+    """The same files in float64: the reference the float32 drafter_vs_tf is measured against."""
     return load_pair(files, torch.float64)
 
 
@@ -71,14 +68,14 @@ def one_step(target, drafter, tf_t, tf_a, ids: list[int], token: int):  # noqa: 
 
 
 @pytest.mark.parametrize("length", [4, 21])  # within and beyond the drafter's window (6)
-def test_one_step_matches_transformers(pair, pair64, length: int,  # noqa: ANN001
+def test_one_step_matches_transformers(drafter_vs_tf, drafter_vs_tf64, length: int,  # noqa: ANN001
                                        request: pytest.FixtureRequest) -> None:
     """The same target state (transformers' own) goes into both drafters, in float32 and in float64."""
-    target, drafter, tf_t, tf_a = pair
-    ids = prompt(length)
+    target, drafter, tf_t, tf_a = drafter_vs_tf
+    ids = prompt(length, 11)
     token = int(tf_target_outputs(tf_t, ids).logits[-1].argmax())  # the same token in both runs
     ours, greedy, theirs = one_step(target, drafter, tf_t, tf_a, ids, token)
-    ours64, _, theirs64 = one_step(*pair64, ids, token)
+    ours64, _, theirs64 = one_step(*drafter_vs_tf64, ids, token)
     depth = target.config.num_layers + drafter.config.text.num_layers  # the target's error is in the state
     case = request.node.callspec.id  # e.g. e2b-centroid-21
     heads = (("model head", 0, "logits"), ("dense head", 1, "dense_logits"), ("next hidden", 2, "hidden"))
@@ -88,27 +85,27 @@ def test_one_step_matches_transformers(pair, pair64, length: int,  # noqa: ANN00
     assert greedy == theirs.token
 
 
-def test_a_whole_round_matches_transformers(pair) -> None:  # noqa: ANN001
-    target, drafter, tf_t, tf_a = pair
-    ids = prompt(19)
+def test_a_whole_round_matches_transformers(drafter_vs_tf) -> None:  # noqa: ANN001
+    target, drafter, tf_t, tf_a = drafter_vs_tf
+    ids = prompt(19, 11)
     token, hidden, kv = our_state(target, ids)
     ours = drafter.propose(target, [token], hidden[None], [len(ids)], kv, 6)[0][0].tolist()
     theirs = [s.token for s in tf_draft(tf_a, tf_t, tf_target_outputs(tf_t, ids), token, len(ids), 6)]
     assert ours == theirs
 
 
-def test_first_round_of_assisted_generate(pair) -> None:  # noqa: ANN001
+def test_first_round_of_assisted_generate(drafter_vs_tf) -> None:  # noqa: ANN001
     """Only the first round: later rounds differ by design (mtp/README.md §9)."""
-    target, drafter, tf_t, tf_a = pair
-    ids = prompt(17)
+    target, drafter, tf_t, tf_a = drafter_vs_tf
+    ids = prompt(17, 11)
     run = tf_assisted_greedy(tf_t, tf_a, ids, 24, num_assistant_tokens=4)
     ours = speculative_generate(target, drafter, ids, 24, DraftLength(4))
     assert ours.stats.rounds[0].drafted == run.rounds[0].drafted
     assert ours.tokens == run.tokens
 
 
-def test_centroid_greedy_needs_no_full_vocabulary(pair) -> None:  # noqa: ANN001
-    _, drafter, _, _ = pair
+def test_centroid_greedy_needs_no_full_vocabulary(drafter_vs_tf) -> None:  # noqa: ANN001
+    _, drafter, _, _ = drafter_vs_tf
     if not hasattr(drafter, "masked_embedding"):
         return
     head = drafter.model.embed_tokens.weight

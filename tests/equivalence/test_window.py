@@ -27,6 +27,7 @@ from mtp import Conversation, DraftLength, load_drafter, speculative_generate, s
 from mtp.extras.conversation import common_prefix
 from mtp.speculative import target_kv
 from tests.checkpoints import SHAPES, STOP_IDS
+from tests.pairs import plain
 from tests.tf_oracle import tf_logits, tf_target
 from tests.tokenizer_fixture import write_tokenizer
 from tests.tolerance import EPS32, FLOOR, RATIO, SAME_MATH, assert_fp32_parity
@@ -152,16 +153,6 @@ def test_chunked_prefill_tokens_equal_one_pass(models, chunk: int) -> None:  # n
 
 # ---------------------------------------------------------------- speculative == plain == cache-free
 
-# (id of the target, prompt, n) -> (the target, its tokens): the target is held so that its id is not reused.
-REFERENCE: dict[tuple[int, tuple[int, ...], int], tuple[Gemma4Model, list[int]]] = {}
-
-
-def reference(target: Gemma4Model, prompt: list[int], n: int) -> list[int]:
-    """The cache-free greedy tokens, once per target and prompt."""
-    key = (id(target), tuple(prompt), n)
-    if key not in REFERENCE:
-        REFERENCE[key] = target, reference_greedy(target, prompt, n)
-    return REFERENCE[key][1]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
@@ -171,7 +162,7 @@ def test_speculative_equals_plain_and_cache_free(models, shape: str, k: int) -> 
     shape. Two drafters: the echo drafter, whose accepted blocks cross the wrap, and the random one, whose every
     verify is rejected, so verifies that wrote across the wrap are rolled back right after it."""
     target, echo = models[shape, "echo"]
-    expected = reference(target, PROMPT, NEW)
+    expected = plain(target, PROMPT, NEW, decoder=reference_greedy)
     n = len(PROMPT) + NEW
     cache = ring(target, n)
     assert sample_generate(target, PROMPT, NEW, GREEDY, cache=cache) == expected
@@ -192,7 +183,7 @@ def test_draft_length_is_capped_by_the_slack(models) -> None:  # noqa: ANN001
     target, drafter = models["dense", "echo"]
     cache = ring(target, len(PROMPT) + NEW)
     result = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(8), cache=cache)
-    assert result.tokens == reference(target, PROMPT, NEW)
+    assert result.tokens == plain(target, PROMPT, NEW, decoder=reference_greedy)
     assert max(len(r.drafted) for r in result.stats.rounds) == SLACK - 1
 
 
@@ -303,7 +294,7 @@ def test_textbook_modules_on_a_small_ring(make_pair) -> None:  # noqa: ANN001
     and plain greedy give the cache-free tokens."""
     target_dir, assistant_dir = make_pair("moe", ordered_embeddings=False, echo=True, branches=0.5)
     target, drafter = load_target(target_dir, fast=False), load_drafter(assistant_dir, fast=False)
-    expected = reference(target, PROMPT, NEW)
+    expected = plain(target, PROMPT, NEW, decoder=reference_greedy)
     n = len(PROMPT) + NEW
     assert sample_generate(target, PROMPT, NEW, GREEDY, cache=ring(target, n)) == expected
     result = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(4), cache=ring(target, n))
@@ -314,7 +305,7 @@ def test_static_steps_on_a_small_ring(models) -> None:  # noqa: ANN001
     """StaticTarget and StaticDrafter, eager, on a StaticKVCache of W + 5 ring slots: plain greedy and speculative
     greedy (K = 4) give the cache-free tokens, one run after the other on the same cache."""
     target, drafter = models["e2b", "echo"]
-    expected = reference(target, PROMPT, NEW)
+    expected = plain(target, PROMPT, NEW, decoder=reference_greedy)
     st, sd = StaticTarget(target), StaticDrafter(drafter)
     cache = StaticKVCache(target.config, len(PROMPT) + NEW, slack=SLACK)
     assert cache.ring == W + SLACK

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import cli.options
-from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
+from tests.commands.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
 PROMPT = ",".join(str(7 + (i * 37) % 400) for i in range(45))  # 45 ids: several of the target's 8-key windows
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import cli.options
-from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
+from tests.commands.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "scripts" / "demo"
 SHORT = ["--max-new-tokens", "12"]
 

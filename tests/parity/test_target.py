@@ -1,7 +1,8 @@
-"""The target against transformers 5.22.2 on the same tiny files: full-prompt logits and step-by-step
-cached logits (float32, bound against a float64 run: tests/tolerance.py) and 64-token greedy decoding,
-for every shape (and the unified file with K=V, KV sharing and a double-wide MLP set), with prompts longer than the sliding window (8). Plus our cached decoder against
-our cache-free reference decoder."""
+"""The textbook target (`fast=False`: gemma4/model.py's own modules) against transformers 5.22.2 on the same tiny
+files: full-prompt logits and step-by-step cached logits (float32, bound against a float64 run: tests/tolerance.py)
+and 64-token greedy decoding, for every shape (and the unified file with K=V, KV sharing and a double-wide MLP
+set), with prompts longer than the sliding window (8). Plus our cached decoder against our cache-free reference
+decoder. The speed layer is held to these modules in tests/speed/test_fast.py."""
 
 from pathlib import Path
 
@@ -12,13 +13,10 @@ from transformers import GenerationConfig
 from gemma4 import Gemma4Model, KVCache, greedy_generate, load_target, reference_greedy
 from gemma4.tokenizer import stop_ids
 from tests.checkpoints import SHAPES, STOP_IDS, write_target
+from tests.pairs import prompt
 from tests.tf_oracle import tf_cached_step_logits, tf_greedy, tf_logits, tf_target
 from tests.tolerance import assert_fp32_parity
 
-
-def prompt(seed: int, length: int, vocab: int = 512) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return [2] + torch.randint(3, vocab, (length - 1,), generator=g).tolist()  # BOS, then no special ids
 
 
 # The 12B release leaves K=V, KV sharing and the double-wide MLP at their defaults (off): the variant sets them,
@@ -29,23 +27,23 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="module")
-def pair(checkpoint: tuple[str, Path]):  # noqa: ANN201
+def target_vs_tf(checkpoint: tuple[str, Path]):  # noqa: ANN201
     shape, path = checkpoint
-    return shape, load_target(path), tf_target(path)
+    return shape, load_target(path, fast=False), tf_target(path)  # the textbook's modules
 
 
 @pytest.fixture(scope="module")
-def pair64(checkpoint: tuple[str, Path]):  # noqa: ANN201
-    """The same checkpoint in float64: the reference the float32 pair is measured against."""
+def target_vs_tf64(checkpoint: tuple[str, Path]):  # noqa: ANN201
+    """The same checkpoint in float64: the reference the float32 target_vs_tf is measured against."""
     _, path = checkpoint
-    return load_target(path, dtype=torch.float64), tf_target(path, dtype=torch.float64)
+    return load_target(path, dtype=torch.float64, fast=False), tf_target(path, dtype=torch.float64)
 
 
-def test_full_prompt_logits(pair, pair64) -> None:  # noqa: ANN001
-    shape, ours, theirs = pair
-    ours64, theirs64 = pair64
+def test_full_prompt_logits(target_vs_tf, target_vs_tf64) -> None:  # noqa: ANN001
+    shape, ours, theirs = target_vs_tf
+    ours64, theirs64 = target_vs_tf64
     for seed, length in ((0, 5), (1, 23), (2, 40)):  # shorter and longer than the window
-        ids = prompt(seed, length)
+        ids = prompt(length, seed)
         x = torch.tensor([ids])
         assert_fp32_parity("target full prompt", f"{shape}, {length} tokens", ours(x)[0], tf_logits(theirs, ids),
                            ours64(x)[0], tf_logits(theirs64, ids), ours.config.num_layers)
@@ -62,10 +60,10 @@ def cached_step_logits(model: Gemma4Model, ids: list[int], n_prompt: int) -> tor
     return torch.stack(rows)
 
 
-def test_cached_step_logits(pair, pair64) -> None:  # noqa: ANN001
-    shape, ours, theirs = pair
-    ours64, theirs64 = pair64
-    ids, n_prompt = prompt(3, 30), 11
+def test_cached_step_logits(target_vs_tf, target_vs_tf64) -> None:  # noqa: ANN001
+    shape, ours, theirs = target_vs_tf
+    ours64, theirs64 = target_vs_tf64
+    ids, n_prompt = prompt(30, 3), 11
     assert_fp32_parity("target cached steps", shape, cached_step_logits(ours, ids, n_prompt),
                        tf_cached_step_logits(theirs, ids, n_prompt), cached_step_logits(ours64, ids, n_prompt),
                        tf_cached_step_logits(theirs64, ids, n_prompt), ours.config.num_layers)
@@ -79,7 +77,7 @@ def test_multi_token_chunks_match_one_prefill(shape: str, tmp_path: Path) -> Non
     moves these logits by ~3e-4 against float64 on this model).
     """
     ours = load_target(write_target(tmp_path, shape), dtype=torch.float64)
-    ids = prompt(4, 33)
+    ids = prompt(33, 4)
     full = ours(torch.tensor([ids]))[0]
     cache = KVCache(ours.config, len(ids), dtype=torch.float64)
     chunks, start, rows = (9, 5, 1, 12, 6), 0, []
@@ -90,10 +88,10 @@ def test_multi_token_chunks_match_one_prefill(shape: str, tmp_path: Path) -> Non
     torch.testing.assert_close(torch.cat(rows), full, atol=1e-9, rtol=0)
 
 
-def test_greedy_64_tokens(pair) -> None:  # noqa: ANN001
-    _, ours, theirs = pair
+def test_greedy_64_tokens(target_vs_tf) -> None:  # noqa: ANN001
+    _, ours, theirs = target_vs_tf
     for seed, length in ((5, 6), (6, 21)):
-        ids = prompt(seed, length)
+        ids = prompt(length, seed)
         cached = greedy_generate(ours, ids, 64)
         assert len(cached) == 64
         assert cached == tf_greedy(theirs, ids, 64)
@@ -101,9 +99,9 @@ def test_greedy_64_tokens(pair) -> None:  # noqa: ANN001
         assert len(set(cached)) > 3  # a degenerate model would prove nothing
 
 
-def test_stops_at_the_first_stop_id(pair) -> None:  # noqa: ANN001
-    _, ours, theirs = pair
-    ids = prompt(7, 12)
+def test_stops_at_the_first_stop_id(target_vs_tf) -> None:  # noqa: ANN001
+    _, ours, theirs = target_vs_tf
+    ids = prompt(12, 7)
     free = greedy_generate(ours, ids, 40)
     stop = free[9]
     expected = free[: free.index(stop) + 1]
@@ -116,7 +114,7 @@ def test_bf16_runs_and_mostly_agrees(tmp_path: Path) -> None:
     """bf16 is not byte-identical to fp32 (mtp/README.md §10), but it must be the same model."""
     path = write_target(tmp_path, "e2b", dtype=torch.bfloat16)
     fp32, bf16 = load_target(path), load_target(path, dtype=torch.bfloat16)
-    ids = torch.tensor([prompt(8, 24)])
+    ids = torch.tensor([prompt(24, 8)])
     a, b = fp32(ids)[0], bf16(ids)[0].float()
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8  # 0.96 measured; a wrong model gives ~0
     assert float((a - b).abs().mean()) < 0.15 * float(a.abs().mean())  # 0.08 of the scale measured
@@ -133,13 +131,13 @@ def test_plain_decoding_says_why_it_ended(tmp_path: Path) -> None:
     context), the tokens sample_generate's; a batch row's is its solo run's."""
     from gemma4 import SamplerConfig, decode, sample_generate
     model = load_target(write_target(tmp_path, "e2b"))
-    ids, greedy = prompt(8, 12), SamplerConfig(0.0)
+    ids, greedy = prompt(12, 8), SamplerConfig(0.0)
     [free] = decode(model, [ids], 10, [greedy])
     assert free == (sample_generate(model, ids, 10, greedy), "length") and len(free.tokens) == 10
     stop = free.tokens[3]
     [stopped] = decode(model, [ids], 10, [greedy], stop_ids=[stop])
     assert stopped.finish_reason == "stop" and stopped.tokens == free.tokens[:free.tokens.index(stop) + 1]
     context = model.config.max_position_embeddings
-    long = prompt(9, context - 2)
+    long = prompt(context - 2, 9)
     assert decode(model, [long], 10) == [(decode(model, [long], 2)[0].tokens, "length")]
     assert decode(model, [ids, ids], 10, [greedy, greedy], [[], [stop]]) == [free, stopped]

@@ -22,18 +22,14 @@ from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, sample_
 from gemma4.generate import decode, prefill
 from mtp import DraftLength, Drafter, speculative_generate, speculative_generate_batch
 from tests.checkpoints import SHAPES
+from tests.pairs import plain, prompt
 
 LENGTHS = (3, 8, 30)  # below, at and far above the target's sliding window
 BUDGET = 26  # > 3 windows of the target (8) and of the drafter (6)
 
 
-def prompt(length: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(1000 * length + seed)
-    return [2] + torch.randint(3, 512, (length - 1,), generator=g).tolist()
-
-
-# Ragged rows, one of them twice.
-PROMPTS = [prompt(3, 0), prompt(8, 0), prompt(30, 0), prompt(8, 0)]
+# Ragged rows, one of them twice (each length its own seed: no two prompts share a prefix).
+PROMPTS = [prompt(3, 3000), prompt(8, 8000), prompt(30, 30000), prompt(8, 8000)]
 BUDGETS = [BUDGET, 20, BUDGET, 13]
 
 
@@ -41,17 +37,6 @@ BUDGETS = [BUDGET, 20, BUDGET, 13]
 def pairs(models) -> dict[str, tuple[Gemma4Model, Drafter]]:  # noqa: ANN001 (conftest.py's session pairs)
     """shape -> (target with halved branches, echo drafter): partly right (tests/pairs.py)."""
     return {shape: models[shape, "echo"] for shape in SHAPES}
-
-
-# -> (the model, its tokens): the model is held so that its id cannot be reused by a later copy.
-PLAIN: dict[tuple[int, tuple[int, ...], int], tuple[Gemma4Model, list[int]]] = {}
-
-
-def plain(target: Gemma4Model, ids: list[int], n: int) -> list[int]:
-    key = (id(target), tuple(ids), n)
-    if key not in PLAIN:
-        PLAIN[key] = target, greedy_generate(target, ids, n)
-    return PLAIN[key][1]
 
 
 def greedy_rows(target: Gemma4Model, prompts: list[list[int]], budgets: int | list[int]) -> list[list[int]]:
@@ -156,7 +141,7 @@ def test_rows_accepting_very_differently(pairs, monkeypatch: pytest.MonkeyPatch)
     k = 3
     for shape in SHAPES:
         target, drafter = pairs[shape]
-        prompts = [prompt(length, 7) for length in (5, 12, 30, 9)]
+        prompts = [prompt(length, 1000 * length + 7) for length in (5, 12, 30, 9)]
         sequences = [p + plain(target, p, BUDGET + k + 1) for p in prompts]
         monkeypatch.setattr(drafter, "propose", scripted(target, sequences, SCHEDULES))
         batch = speculative_generate_batch(target, drafter, prompts, BUDGET, DraftLength(k))
@@ -185,7 +170,7 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
     inside a block; rows leave in different rounds until one is left."""
     k = 3
     target, drafter = models["moe", "random"]  # the target as written: its output repeats less (new tokens to stop at)
-    prompts = [prompt(length, 3) for length in (4, 9, 20, 6, 14)]
+    prompts = [prompt(length, 1000 * length + 3) for length in (4, 9, 20, 6, 14)]
     free = [plain(target, p, 40) for p in prompts]
     sequences = [p + f for p, f in zip(prompts, free)]
     stop_first = free[0][0]
@@ -266,7 +251,7 @@ def test_cache_rows_equal_solo_caches(pairs, shape: str) -> None:  # noqa: ANN00
     """Ragged prefill, then rounds of ragged verify blocks with per-row rollbacks (what the loop does):
     every row's K/V up to its length equal a solo prefill of that row's committed tokens."""
     target, _ = pairs[shape]
-    rows = [p + plain(target, p, 30) for p in (prompt(3, 1), prompt(8, 1), prompt(30, 1))]
+    rows = [p + plain(target, p, 30) for p in (prompt(3, 3001), prompt(8, 8001), prompt(30, 30001))]
     lengths = [3, 8, 30]
     cache = KVCache(target.config, 100, batch=3)
     with torch.inference_mode():

@@ -12,7 +12,7 @@ from tests.checkpoints import SHAPES
 TOKENS = 24
 
 
-# The MoE shape is counted in tests/test_gathered_experts.py, with the experts a model gets off the CPU: the eager
+# The MoE shape is counted in tests/speed/test_gathered_experts.py, with the experts a model gets off the CPU: the eager
 # CPU model's loop (gemma4/moe.py) asks the host for its experts in every MoE layer, where a read costs nothing.
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s != "moe"])
 @pytest.mark.parametrize("drafter", DRAFTERS)

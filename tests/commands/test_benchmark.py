@@ -25,11 +25,6 @@ def tiny_e2b_like(vocab: int) -> tuple[dict, dict]:
     return target, assistant_config(target, hidden=16, intermediate=32, heads=2, num_centroids=16, top_k=4)
 
 
-@pytest.fixture(scope="module")
-def pair(make_pair) -> tuple[Path, Path]:  # noqa: ANN001 (conftest.py)
-    return make_pair("e2b", ordered_embeddings=True, echo=True)
-
-
 def tiny_bench() -> tuple[dict, dict]:
     return tiny_e2b_like(512)
 
@@ -62,7 +57,7 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
         assert ("host_reads" in r) == (section == "demo")  # scripts/bench/syncs.py, the demo section only
     reads = result["demo"]["host_reads"]
     assert set(reads) == {"plain_step", "spec_round", "sampled_plain_step", "sampled_spec_round"}
-    assert reads["plain_step"] <= 1 and reads["spec_round"] <= 2  # tests/test_syncs.py holds these on every shape
+    assert reads["plain_step"] <= 1 and reads["spec_round"] <= 2  # tests/speed/test_syncs.py holds these on every shape
     assert "skipped" not in result  # on the CPU every section runs
     costs = result["costs"]
     assert set(costs["verify_over_decode"]) == {str(k) for k in range(1, benchmark.MAX_K + 1)}  # JSON keys

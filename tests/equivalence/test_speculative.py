@@ -19,7 +19,7 @@ from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import SCHEDULES, Drafter, DraftLength, load_drafter, speculative_generate
 from tests.checkpoints import SHAPES
 from tests.measured import ACCEPTANCE  # printed by the terminal summary
-from tests.pairs import DRAFTERS, PROMPTS, prompt  # the `models` fixture is in conftest.py
+from tests.pairs import DRAFTERS, PROMPTS, plain, prompt  # the `models` fixture is in conftest.py
 
 KS = (1, 2, 3, 4, 6, 8)
 
@@ -28,17 +28,6 @@ def target_tokenizer(demo: Path) -> Gemma4Tokenizer:
     return Gemma4Tokenizer(demo / "target" / "tokenizer.json")
 
 
-# (id of the model, prompt kind, n) -> (the model, its tokens). The model is held so that its id cannot be
-# reused by a later object (a test's deep copy) while the entry lives: an id alone once returned another
-# shape's tokens to a copy born at a freed model's address.
-PLAIN: dict[tuple[int, str, int], tuple[Gemma4Model, list[int]]] = {}
-
-
-def plain(target: Gemma4Model, kind: str, n: int) -> list[int]:
-    key = (id(target), kind, n)
-    if key not in PLAIN:
-        PLAIN[key] = target, greedy_generate(target, prompt(kind), n)
-    return PLAIN[key][1]
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
@@ -50,7 +39,7 @@ def test_speculative_equals_plain_greedy(models, shape: str, k: int, schedule: s
     target, draft_model = models[shape, drafter]
     budget = 17 + k  # 17 + K: blocks rarely line up with the end, so the last round is cut by the budget
     result = speculative_generate(target, draft_model, prompt(kind), budget, DraftLength(k, schedule))
-    assert result.tokens == plain(target, kind, budget)
+    assert result.tokens == plain(target, prompt(kind), budget)
     assert result.finish_reason == "length"
     ACCEPTANCE.setdefault((shape, drafter), []).append(result.stats.acceptance_rate)
 
@@ -75,7 +64,7 @@ def test_stop_id_inside_an_accepted_block() -> None:
 
     This needs a drafter whose accepted drafts are new tokens (an echo drafter only ever repeats a
     token the target already committed), so it runs on the bundled trained demo pair."""
-    demo = Path(__file__).resolve().parent.parent / "scripts" / "demo"
+    demo = Path(__file__).resolve().parents[2] / "scripts" / "demo"
     target, draft_model = load_target(demo / "target"), load_drafter(demo / "assistant")
     ids = [2] + target_tokenizer(demo).encode("def read_config(path):\n    ")
     free = speculative_generate(target, draft_model, ids, 48, DraftLength(4))
@@ -104,7 +93,7 @@ def test_budget_of_one_and_two(models) -> None:  # noqa: ANN001
     target, draft_model = models["e2b", "always"]
     for n in (1, 2):
         result = speculative_generate(target, draft_model, prompt("short"), n, DraftLength(8))
-        assert result.tokens == plain(target, "short", n)
+        assert result.tokens == plain(target, prompt("short"), n)
         assert result.stats.drafted == 0 and result.stats.target_forwards == n
 
 
@@ -175,7 +164,7 @@ def test_cache_length_and_statistics_match_a_recount(models, monkeypatch: pytest
         # The spies go on copies: `models` is the session's, read by other tests.
         target, draft_model = copy.deepcopy(models[shape, "echo"])
         p = prompt("long")
-        full = p + plain(target, "long", 37)  # prompt + the committed tokens, known beforehand
+        full = p + plain(target, prompt("long"), 37)  # prompt + the committed tokens, known beforehand
         seen: list[tuple[int, int, int]] = []  # (start_pos, cache length, committed tokens) at every verify forward
         proposals: list[tuple[int, list[int]]] = []  # (t, drafts) as the drafter returned them
         committed = [len(p)]
@@ -238,7 +227,7 @@ def test_auto_stops_drafting_for_a_drafter_that_is_never_right(models) -> None: 
     target, draft_model = models["dense", "random"]
     length = DraftLength(4, "auto", costs=lambda n: 1.0 + 0.1 * (n - 1), draft_cost=0.3)
     result = speculative_generate(target, draft_model, prompt("long"), 40, length)
-    assert result.tokens == plain(target, "long", 40)
+    assert result.tokens == plain(target, prompt("long"), 40)
     ks = [len(r.drafted) for r in result.stats.rounds]
     first_zero = ks.index(0)
     assert first_zero < 4 and result.stats.accepted == 0
@@ -249,7 +238,7 @@ def test_auto_drafts_long_for_a_drafter_that_is_always_right(models) -> None:  #
     target, draft_model = models["dense", "always"]
     length = DraftLength(2, "auto", costs=lambda n: 1.0 + 0.1 * (n - 1), draft_cost=0.1)
     result = speculative_generate(target, draft_model, prompt("long"), 80, length)
-    assert result.tokens == plain(target, "long", 80)
+    assert result.tokens == plain(target, prompt("long"), 80)
     ks = [len(r.drafted) for r in result.stats.rounds]
     # One draft first, `initial` once one is kept; an untested position is taken as likely as the last: one deeper.
     assert ks[:4] == [1, 2, 3, 4] and max(ks) >= 7

@@ -6,7 +6,7 @@ starting a Python with torch takes seconds). Three run it as a real subprocess: 
 HF_HUB_OFFLINE when it is imported), and Ctrl-C (a real SIGINT). The pair is conftest.py's `pair`: the
 test target's files are shaped like a release's, a tokenizer, a chat template, and a generation_config.json
 that samples (T 1, top-k 64, top-p 0.95).
-The defaults rule, the refused flags and the pipes have their own files (tests/test_cli_*.py).
+The defaults rule, the refused flags and the pipes have their own files (tests/commands/test_cli_*.py).
 """
 
 import io
@@ -29,7 +29,7 @@ from cli.stream import Sink, Stream
 from gemma4.tokenizer import Gemma4Tokenizer
 from tests.checkpoints import STOP_IDS, write_assistant, write_target
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "generate.py"
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
+from tests.commands.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
 
 ROW_KEYS = {"tokens", "text", "finish_reason", "stats", "sampling"}  # the one-prompt object without --compare
 

@@ -2,7 +2,7 @@
 `write` per layer, `read` what a reader attends to. Full layers keep every position and grow by doubling up to the
 capacity; sliding layers keep a ring of W + slack slots, grown the same way up to the ring, each slot knowing the
 position it holds. Rolling back and rewriting, rows at different positions and `keep`, slot positions after the
-ring wraps, `holds`, and `cache_bytes` against what a cache allocates. The models on this cache: tests/test_window.py.
+ring wraps, `holds`, and `cache_bytes` against what a cache allocates. The models on this cache: tests/equivalence/test_window.py.
 """
 
 import pytest
