@@ -322,7 +322,8 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Pat
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
     stops = [] if a.ignore_eos else stop_ids(target_dir)
     say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
-        f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'})")
+        f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'}"
+        f"{', --reference: the textbook modules' if a.reference else ''})")
     target = Target(name, target_dir, model, tokenizer, chat=has_chat_template(target_dir),
                     empty_thought=needs_empty_thought(model.config, chat_template(target_dir)), stops=stops,
                     sampler=sampler, from_file=from_file)
