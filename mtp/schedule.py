@@ -77,18 +77,14 @@ class Constant(DraftLength):
         check_round(k, accepted)
 
 
-class Heuristic(DraftLength):
+class Heuristic(Constant):
     """transformers' heuristic: K + 2 after a drafting round whose drafts were all kept, else max(1, K - 1).
-    K carries from one generate call to the next."""
+    K carries from one generate call to the next. `next` is Constant's: the current K, within the room."""
 
     schedule = "heuristic"
 
-    def next(self, room: int) -> int:
-        check_room(room)
-        return min(self.k, room)
-
     def observe(self, k: int, accepted: int) -> None:
-        check_round(k, accepted)
+        super().observe(k, accepted)
         if k > 0:  # a K = 0 round (no room) says nothing about the drafter
             self.k = self.k + 2 if accepted == k else max(1, self.k - 1)
 
