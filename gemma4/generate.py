@@ -110,8 +110,8 @@ def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], re
         cache.length = row_positions(starts, device)  # positions 0..s_b-1 hold row b's prompt
         out = model.run(ids, cache, start_pos=cache.length, num_logits=0)  # host ids
     cache.length = row_positions(lengths, device)  # the pads are stale
-    rows = torch.arange(len(prompts), device=out.hidden.device)
-    last = out.hidden[rows, torch.tensor([n - 1 - s for n, s in zip(lengths, starts)], device=out.hidden.device)]
+    ends = torch.tensor([n - 1 - s for n, s in zip(lengths, starts)], device=device)  # (B,) within the last chunk
+    last = out.hidden[torch.arange(len(prompts), device=device), ends]  # (B, E) each row's last prompt position
     return model.logits(last), last  # (B, V), (B, E)
 
 
