@@ -1,0 +1,1 @@
+"""Images in the prompt: the processor, the vision towers and how their vectors enter the text model."""
