@@ -1,23 +1,22 @@
 """KV cache, written by absolute position: full layers keep every position, sliding layers only their window.
 
-- Full layers: slot = position, up to `capacity` (a call's prompt + budget, or the whole context for a
-  conversation). `reserve` slots are allocated at first (all unless told); a write past them doubles that
-  layer's buffers (at least to the write's end, at most to `capacity`) with one copy, so a conversation on a
-  128k-context model holds about what it has used (1.5x the new size while a layer grows).
-- Sliding layers: a ring of `ring = W + slack` slots, slot = position mod ring, grown the same way. `slack` is
-  the most positions one forward may write (a prefill chunk, a verify of K + 1 rows). Every slot remembers the
-  absolute position it holds (`slot_positions`, -2^40 while empty), so the one mask helper compares query and
-  key positions: a slot outside a query's window, a stale one past the length and an empty one are all hidden
-  by the same comparison. Why W + slack slots never lose a key a query still reads: gemma4/README.md §15.
+- Full layers: slot = position, up to `capacity` (a call's prompt + budget, or the whole context for a conversation).
+  `reserve` slots are allocated at first (all unless told); a write past them doubles that layer's buffers (at least
+  to the write's end, at most to `capacity`) with one copy, so a conversation on a 128k-context model holds about
+  what it has used (1.5x the new size while a layer grows).
+- Sliding layers: a ring of `ring = W + slack` slots, slot = position mod ring, grown the same way. `slack` is the
+  most positions one forward may write (a prefill chunk, a verify of K + 1 rows). Every slot remembers the absolute
+  position it holds (`slot_positions`, -2^40 while empty), so the one mask helper compares query and key positions: a
+  slot outside a query's window, a stale one past the length and an empty one are all hidden by the same comparison.
+  Why W + slack slots never lose a key a query still reads: gemma4/README.md §15.
 - Only non-shared layers own buffers: KV-shared layers (and the MTP drafter) read their source layer's.
-- `length` is the number of valid positions. The loop owns it: a forward writes K/V at the positions it is
-  given and never moves `length`. Rolling back lowers `length`; later writes overwrite the stale slots.
-  `frontier` is one past the newest position written since the sequence last started at 0 (`holds`).
+- `length` is the number of valid positions. The loop owns it: a forward writes K/V at the positions it is given and
+  never moves `length`. Rolling back lowers `length`; later writes overwrite the stale slots. `frontier` is one past
+  the newest position written since the sequence last started at 0 (`holds`).
 - Rows at different positions (mtp/README.md §12): `length` is a (B,) tensor, row b writes at its own positions,
   every slot past them is stale (the causal mask hides it), and a finished row leaves with `keep`.
 
-Shape legend: B batch, K kv heads, T new tokens, S slots read, D head dim, R ring slots.
-"""
+Shape legend: B batch, K kv heads, T new tokens, S slots read, D head dim, R ring slots."""
 
 from typing import NamedTuple
 

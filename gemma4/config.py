@@ -3,9 +3,8 @@ gemma4/config_file.py).
 
 Facts a reader must know (gemma4/README.md §1-§3):
 - Sliding and full layers have different head sizes and, on K=V models, different kv-head counts.
-- The last `num_kv_shared_layers` layers own no K/V: they read the last non-shared layer of their type.
-  Those two "source" layers are also exactly what the MTP drafter reads.
-"""
+- The last `num_kv_shared_layers` layers own no K/V: they read the last non-shared layer of their type. Those two
+  "source" layers are also exactly what the MTP drafter reads."""
 
 from dataclasses import dataclass
 

@@ -1,20 +1,19 @@
-"""The Gemma 4 text model (the *target*): RoPE, masks, attention, MLP, decoder layer, model (norms in
-gemma4/norms.py, the MoE block in gemma4/moe.py).
+"""The Gemma 4 text model (the *target*): RoPE, masks, attention, MLP, decoder layer, model (norms in gemma4/norms.py,
+the MoE block in gemma4/moe.py).
 
 Design: gemma4/README.md (cited as §n). Facts a reader must know:
 - RMSNorm multiplies by its weight directly (not 1 + w) and runs in fp32 (§4).
 - Attention scale is 1.0: q_norm and k_norm already normalise the dot product (§7).
 - Sliding and full layers differ in head size, kv heads, RoPE and mask (§2, §6, §8).
-- KV-shared layers own no K/V: they attend to the K/V of the last non-shared layer of their type,
-  computed earlier in the same forward (§3). Those two source layers' K/V are what the MTP drafter reads.
-- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block
-  (26B-A4B) runs beside the dense MLP, not instead of it (§10).
-- A batch of rows may sit at different positions (mtp/README.md §12): `start_pos` is then a (B,) tensor,
-  and RoPE, masks and cache writes are per row. Every projection is a plain `nn.Linear` without bias.
+- KV-shared layers own no K/V: they attend to the K/V of the last non-shared layer of their type, computed earlier in
+  the same forward (§3). Those two source layers' K/V are what the MTP drafter reads.
+- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block (26B-A4B) runs
+  beside the dense MLP, not instead of it (§10).
+- A batch of rows may sit at different positions (mtp/README.md §12): `start_pos` is then a (B,) tensor, and RoPE,
+  masks and cache writes are per row. Every projection is a plain `nn.Linear` without bias.
 
-Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim,
-E hidden size, V vocab, L layers, P PLE width.
-"""
+Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim, E hidden size, V vocab,
+L layers, P PLE width."""
 
 from functools import lru_cache
 from typing import NamedTuple
@@ -69,16 +68,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 # ---------------------------------------------------------------- masks (§8)
 
-def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
+                   image: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q_pos (T,), k_pos (S,) -> (T, S) bool, True = visible: key j to query p iff j <= p (and
     p - window < j). The one mask helper: prefill, one-token decode, (K+1)-token verification and the
     drafter. Keys are known by their absolute positions, so a sliding layer's ring (slots in any order, stale
     or empty ones among them, gemma4/cache.py) is masked by the same comparison. Per-row query positions
     (B, T) or key positions (B, S) give (B, 1, T, S), one mask for all heads of a row; a key past a row's own
-    positions is a stale slot, and j <= p hides it."""
+    positions is a stale slot, and j <= p hides it. `image` (lo, hi), each (B, T): query p also sees the keys
+    lo <= j < hi of the image it sits in, ahead of it too (lo = hi for a text token; §19)."""
     p = q_pos[..., None]  # (T, 1) or (B, T, 1)
     k = k_pos if k_pos.dim() == 1 else k_pos[:, None, :]  # (S,) or (B, 1, S)
     visible = k <= p  # (T, S) or (B, T, S)
+    if image is not None:  # OR, then the window's AND: both ways only within the window
+        visible = visible | ((k >= image[0][..., None]) & (k < image[1][..., None]))  # (B, T, S)
     if window is not None:
         visible &= k > p - window
     return visible if visible.dim() == 2 else visible[:, None]
@@ -97,16 +100,18 @@ class LayerInputs(NamedTuple):
 
 
 def layer_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, int | torch.Tensor], dtype: torch.dtype,
-                 shift: int = 0) -> dict[str, LayerInputs]:
+                 shift: int = 0, image: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, LayerInputs]:
     """RoPE at `positions` ((T,), or (B, T) per row) and masks over the keys each layer type reads, once per type:
     keys[type] is n (positions 0..n-1) or the positions of the slots read ((S,) or (B, S): a sliding ring).
     The target's queries see keys up to their own position (shift 0). The drafter passes shift 1: its query
-    at t sees the target's keys 0..t-1, and its sliding layers one key more than the target's (mtp §5)."""
+    at t sees the target's keys 0..t-1, and its sliding layers one key more than the target's (mtp §5).
+    `image`: an image's tokens see each other both ways on sliding layers only; full layers stay causal (§19)."""
     out = {}
     for kind in set(c.layer_types):
         window = c.sliding_window + shift if kind == SLIDING else None
         k = torch.arange(keys[kind], device=positions.device) if isinstance(keys[kind], int) else keys[kind]
-        mask = additive_mask(attention_mask(positions - shift, k, window), dtype)  # (T, S) or (B, 1, T, S)
+        both = image if kind == SLIDING else None
+        mask = additive_mask(attention_mask(positions - shift, k, window, both), dtype)  # (T, S) or (B, 1, T, S)
         head_dim = c.head_dims[c.layer_types.index(kind)]
         cos, sin = rope_cos_sin(positions, rope_frequencies(c.rope[kind], head_dim, positions.device), dtype)
         out[kind] = LayerInputs(cos, sin, mask)
@@ -239,6 +244,13 @@ class TiedHead(nn.Module):
         return F.linear(hidden, embedding)  # (..., E) @ (V, E).T -> (..., V)
 
 
+class Soft(NamedTuple):
+    """One forward's image soft tokens (§19; built by gemma4/vision/prompt.py)."""
+    where: torch.Tensor  # (B, T) bool: the positions an image's vectors replace
+    vectors: torch.Tensor  # (n, E): those vectors, in row-major order of `where`
+    image: tuple[torch.Tensor, torch.Tensor] | None  # (lo, hi) (B, T) for `attention_mask`; None: causal only
+
+
 class ModelOutput(NamedTuple):
     logits: torch.Tensor  # (B, n, V) for the last n positions, softcapped
     hidden: torch.Tensor  # (B, T, E) after the final norm: the drafter's "hidden" input
@@ -288,27 +300,32 @@ class Gemma4Model(nn.Module):
 
     def run(
         self, input_ids: torch.Tensor, cache: KVCache | None = None, start_pos: int | torch.Tensor = 0,
-        num_logits: int | None = None,
+        num_logits: int | None = None, soft: Soft | None = None,
     ) -> ModelOutput:
         """input_ids (B, T) at positions start_pos..start_pos+T-1; per row when start_pos is a (B,) tensor.
 
         With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding layers:
         what their ring holds of it); the caller moves `cache.length`. Without one, the forward starts at position
         0. `num_logits`: the head on the last n positions only (0: none, a ragged batch takes each row's own).
-        """
+        `soft`: image vectors in place of the soft tokens' embeddings (§19)."""
         c = self.config
         if cache is None and (not isinstance(start_pos, int) or start_pos != 0):
             raise ValueError("a forward without a cache starts at position 0")
         b, t = input_ids.shape
+        if soft is not None:  # a soft token's PLE rows are the pad token's (id 0), its embedding the image's vector
+            input_ids = input_ids.masked_fill(soft.where.cpu(), 0)
         # The loops pass host ids; non_blocking: the upload need not wait for the device's queue to drain.
         x = self.embed(input_ids.to(self.embed_tokens.weight.device, non_blocking=True))  # (B, T, E)
-        ple = self.per_layer_inputs(self.per_layer_rows(input_ids, x), x) if c.ple_dim else None  # (B, T, L, P)
+        tok = self.per_layer_rows(input_ids, x) if c.ple_dim else None  # (B, T, L*P)
+        if soft is not None:
+            x = x.masked_scatter(soft.where[..., None].to(x.device), soft.vectors.to(x.dtype))
+        ple = self.per_layer_inputs(tok, x) if c.ple_dim else None  # (B, T, L, P): from the vectors too
         if cache is None:  # positions 0..T-1, every layer reading this forward's keys
             positions, slots, keys = torch.arange(t, device=x.device), None, {kind: t for kind in c.layer_types}
         else:  # where the K/V go (per row when start_pos is a tensor) and which keys each type reads, once
             slots = cache.claim(start_pos, t)
             positions, keys = slots.positions, slots.keys  # (T,) or (B, T)
-        inputs = layer_inputs(c, positions, keys, x.dtype)
+        inputs = layer_inputs(c, positions, keys, x.dtype, image=None if soft is None else soft.image)
         hidden, source_kv = self.stack(x, ple, inputs, cache, slots)
         n = t if num_logits is None else num_logits
         shared_kv = {kind: KV(k, v, keys[kind]) for kind, (k, v) in source_kv.items()}

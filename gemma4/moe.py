@@ -1,13 +1,12 @@
 """The Mixture-of-Experts block of Gemma 4 26B-A4B: a router and X experts, run beside the dense MLP.
 
 Facts a reader must know:
-- The router normalises the residual without a weight, scales it, and keeps the top k of a softmax
-  over X experts, renormalised over those k and scaled per expert; the weights are fp32 (at least).
+- The router normalises the residual without a weight, scales it, and keeps the top k of a softmax over X experts,
+  renormalised over those k and scaled per expert; the weights are fp32 (at least).
 - Each expert is a gated GELU MLP of width I whose gate and up rows are stored stacked (`gate_up_proj`).
 - The weighted sum over a token's k experts is taken in fp32 and cast back.
 
-Shape legend: N tokens (B*T), E hidden size, X experts, I expert width, k experts per token, n tokens of one expert.
-"""
+Shape legend: N tokens (B*T), E hidden size, X experts, I expert width, k experts per token, n tokens of one expert."""
 
 import torch
 import torch.nn.functional as F

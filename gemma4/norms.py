@@ -1,9 +1,8 @@
 """RMSNorm and the GELU of Gemma 4, as every model file here uses them.
 
-Facts a reader must know: RMSNorm multiplies by its weight directly (not 1 + w), and the norm is taken in
-fp32 for bf16 and fp32 models (float64 for the tests' float64 models), then cast back once. The speed layer
-computes the same numbers in fewer operator calls (gemma4/fast/norms.py).
-"""
+Facts a reader must know: RMSNorm multiplies by its weight directly (not 1 + w), and the norm is taken in fp32 for
+bf16 and fp32 models (float64 for the tests' float64 models), then cast back once. The speed layer computes the same
+numbers in fewer operator calls (gemma4/fast/norms.py)."""
 
 import torch
 import torch.nn.functional as F

@@ -1,28 +1,25 @@
 """Sampling: the sampler's settings, the logit warpers, and keyed noise.
 
 Facts a reader must know:
-- The warpers run in fp32 in transformers' order: temperature, then top-k, then top-p, then softmax.
-  top-k keeps every token whose logit is >= the k-th largest (ties at the k-th are all kept); top-p
-  removes the tokens whose ascending cumulative probability is <= 1 - top_p and always keeps the most
-  likely one (equal logits in id order, as a stable sort puts them: the higher ids are kept first).
-- A row is warped into its *candidates*: the ids that can still be drawn, and their probabilities (a token
-  removed by top-k/top-p, or -inf like the centroid head's filler, is not one). `warp_row` is the rule on the
-  whole row; `candidates` runs it on the k largest logits alone when top-k is set (the others have probability
-  0), so a 262k-token row is sorted only without top-k. `warp` scatters the candidates back into (N, V).
-- The temperature divides logits minus the row's maximum: a positive T far below fp32's range then
-  sends every other token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as
-  its limit, the argmax.
-- A token at absolute position n is `argmax_x p(x) / E_n(x)` over the candidates, E_n(x) ~ Exp(1) i.i.d.
-  (the exponential form of the Gumbel-max trick): a draw from p. E_n(x) is a pure function of
-  (seed, stream, n, x): splitmix64 counter-based hashing in int64 tensor ops on the logits' device, for
-  the candidates only (the bits are the same on every device). It never depends on the other candidates,
-  the global RNG, or how many numbers were drawn before: so a position's draw is the same in plain
-  decoding and in every speculative round that reaches it, and argmax-drafted speculative sampling
-  equals plain sampling token for token.
+- The warpers run in fp32 in transformers' order: temperature, then top-k, then top-p, then softmax. top-k keeps
+  every token whose logit is >= the k-th largest (ties at the k-th are all kept); top-p removes the tokens whose
+  ascending cumulative probability is <= 1 - top_p and always keeps the most likely one (equal logits in id order, as
+  a stable sort puts them: the higher ids are kept first).
+- A row is warped into its *candidates*: the ids that can still be drawn, and their probabilities (a token removed by
+  top-k/top-p, or -inf like the centroid head's filler, is not one). `warp_row` is the rule on the whole row;
+  `candidates` runs it on the k largest logits alone when top-k is set (the others have probability 0), so a
+  262k-token row is sorted only without top-k. `warp` scatters the candidates back into (N, V).
+- The temperature divides logits minus the row's maximum: a positive T far below fp32's range then sends every other
+  token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as its limit, the argmax.
+- A token at absolute position n is `argmax_x p(x) / E_n(x)` over the candidates, E_n(x) ~ Exp(1) i.i.d. (the
+  exponential form of the Gumbel-max trick): a draw from p. E_n(x) is a pure function of (seed, stream, n, x):
+  splitmix64 counter-based hashing in int64 tensor ops on the logits' device, for the candidates only (the bits are
+  the same on every device). It never depends on the other candidates, the global RNG, or how many numbers were drawn
+  before: so a position's draw is the same in plain decoding and in every speculative round that reaches it, and
+  argmax-drafted speculative sampling equals plain sampling token for token.
 - Temperature 0 means greedy: callers take the plain argmax path, untouched; nothing here is used.
 
-Shape legend: N rows (positions), V vocab, M candidates of one row.
-"""
+Shape legend: N rows (positions), V vocab, M candidates of one row."""
 
 import dataclasses
 import math
@@ -120,10 +117,9 @@ def stream_key(seed: int, stream: int, position: int) -> int:
 
 
 def keyed_bits(seed: int, stream: int, position: int, ids: torch.Tensor) -> torch.Tensor:
-    """ids (M,) -> (M,) int64 holding the 64 random bits of each token: the (x+1)-th output of a
-    splitmix64 generator started at the position's key, i.e. finalise(key + (x+1) * GOLDEN).
-    int64 arithmetic wraps like uint64 (the bits are the same); a logical right shift is an
-    arithmetic one with the sign-filled bits masked off."""
+    """ids (M,) -> (M,) int64 holding the 64 random bits of each token: the (x+1)-th output of a splitmix64 generator
+    started at the position's key, i.e. finalise(key + (x+1) * GOLDEN). int64 arithmetic wraps like uint64 (the bits are
+    the same); a logical right shift is an arithmetic one with the sign-filled bits masked off."""
     z = ids.long() * signed(GOLDEN)  # (M,) wraps mod 2^64
     z.add_(signed((stream_key(seed, stream, position) + GOLDEN) & MASK64))
     shifted = torch.empty_like(z)
@@ -136,8 +132,7 @@ def keyed_bits(seed: int, stream: int, position: int, ids: torch.Tensor) -> torc
 
 
 def uniform_from_bits(z: torch.Tensor) -> torch.Tensor:
-    """(M,) int64 bits, overwritten -> (M,) float64 in (0, 1]: the top 53 bits plus one, times 2^-53
-    (never 0)."""
+    """(M,) int64 bits, overwritten -> (M,) float64 in (0, 1]: the top 53 bits plus one, times 2^-53 (never 0)."""
     return z.bitwise_right_shift_(11).bitwise_and_((1 << 53) - 1).add_(1).double().mul_(2.0**-53)
 
 

@@ -97,18 +97,23 @@ def target_ignored(c: TextConfig) -> set[str]:
 
 # ---------------------------------------------------------------- finding the files
 
-def resolve_model_dir(path_or_id: str | Path) -> Path:
-    """A local directory as it is, or a Hub id downloaded (config, tokenizer, text shards only)."""
+def resolve_model_dir(path_or_id: str | Path, images: bool = False) -> Path:
+    """A local directory as it is, or a Hub id downloaded (config, tokenizer, text shards only; `images`: also
+    the processor config and the shards of the vision tower, gemma4/vision/loading.py)."""
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path
     text = str(path_or_id)
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
         raise CheckpointError(f"{text} is not a directory with a checkpoint, nor a Hub id like 'google/gemma-4-E2B-it'")
-    return _download(text)
+    return _download(text, images)
 
 
-def _download(repo_id: str) -> Path:
+IMAGE_FILES = ("processor_config.json", "preprocessor_config.json")
+IMAGE_PREFIXES = ("model.vision_tower.", "model.vision_embedder.", "model.embed_vision.")
+
+
+def _download(repo_id: str, images: bool = False) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
@@ -128,7 +133,7 @@ def _download(repo_id: str) -> Path:
             ) from None
 
     config = fetch("config.json")
-    for name in SIDE_FILES[1:]:
+    for name in SIDE_FILES[1:] + (IMAGE_FILES if images else ()):
         fetch(name, required=False)
     index = fetch(INDEX, required=False)
     if index is None:
@@ -136,7 +141,8 @@ def _download(repo_id: str) -> Path:
     else:  # only the shards that hold text tensors
         weight_map = json.loads(index.read_text())["weight_map"]
         _, prefix = text_fields(read_json(config))
-        for shard in sorted({f for n, f in weight_map.items() if n.startswith(prefix)}):
+        wanted = (prefix, *IMAGE_PREFIXES) if images else (prefix,)
+        for shard in sorted({f for n, f in weight_map.items() if n.startswith(wanted)}):
             fetch(shard)
     return config.parent
 

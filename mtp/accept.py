@@ -1,14 +1,13 @@
 """Step 4 of a round: which drafts the target keeps, and the token it commits after them.
 
-Each rule gets the drafts d_1..d_K and the verify's logits rows 0..K (row i: the token at position t+1+i) and
-returns (a, the token committed after the a accepted drafts: the correction, or the bonus if all were kept).
+Each rule gets the drafts d_1..d_K and the verify's logits rows 0..K (row i: the token at position t+1+i) and returns
+(a, the token committed after the a accepted drafts: the correction, or the bonus if all were kept).
 - greedy (§7): g_i = argmax of row i; keep d_i while d_i == g_{i-1}. Token equality, never a probability.
-- keyed (§11, argmax drafting): g_i is the keyed sample of row i at its position, exactly what plain sampling
-  draws there; keep d_i while d_i == g_{i-1}. This is the rejection rule for a one-hot q.
-- rejection (§11, sample drafting): keep d_i iff u_i · q_i(d_i) < p_i(d_i); the first rejection is replaced by
-  a draw from max(0, p - q), the bonus drawn from the last row (Leviathan et al. 2023).
-Every draw is keyed by (seed, stream, position) alone (gemma4/sampling.py), never by how many came before.
-"""
+- keyed (§11, argmax drafting): g_i is the keyed sample of row i at its position, exactly what plain sampling draws
+  there; keep d_i while d_i == g_{i-1}. This is the rejection rule for a one-hot q.
+- rejection (§11, sample drafting): keep d_i iff u_i · q_i(d_i) < p_i(d_i); the first rejection is replaced by a draw
+  from max(0, p - q), the bonus drawn from the last row (Leviathan et al. 2023). Every draw is keyed by (seed,
+  stream, position) alone (gemma4/sampling.py), never by how many came before."""
 
 import torch
 

@@ -1,19 +1,17 @@
 """The Gemma 4 MTP drafter ("assistant"): its config, model and centroid head (its loader: mtp/loading.py).
 
 Design: mtp/README.md (cited as §n). Facts a reader must know:
-- The drafter has no K/V of its own: each of its 4 layers (3 sliding, 1 full) attends to the K/V the
-  target already computed in its last non-shared layer of the same type (§3). It writes nothing.
-- Its input is concat(the *target's* scaled embedding of a token, a target-sized hidden state),
-  projected down to the drafter width; its output is logits and the next hidden, projected back up.
-- Every draft step of a round uses the same query position t and the same KV (positions 0..t-1).
-  That constant position is how the drafter was trained: do not "fix" it (§4).
+- The drafter has no K/V of its own: each of its 4 layers (3 sliding, 1 full) attends to the K/V the target already
+  computed in its last non-shared layer of the same type (§3). It writes nothing.
+- Its input is concat(the *target's* scaled embedding of a token, a target-sized hidden state), projected down to the
+  drafter width; its output is logits and the next hidden, projected back up.
+- Every draft step of a round uses the same query position t and the same KV (positions 0..t-1). That constant
+  position is how the drafter was trained: do not "fix" it (§4).
 - The sliding layers see the newest W_d + 1 positions, one more than a target query would (§5).
-- `model.embed_tokens` is the drafter's output head, never an input embedding. E2B/E4B drafters use a
-  centroid head over it (§6): score 2048 clusters, keep the top 32, score only their 4096 tokens.
+- `model.embed_tokens` is the drafter's output head, never an input embedding. E2B/E4B drafters use a centroid head
+  over it (§6): score 2048 clusters, keep the top 32, score only their 4096 tokens.
 
-Shape legend: B batch, E target hidden, D drafter hidden, V vocab, C centroids, k top centroids,
-S key positions.
-"""
+Shape legend: B batch, E target hidden, D drafter hidden, V vocab, C centroids, k top centroids, S key positions."""
 
 from dataclasses import dataclass
 

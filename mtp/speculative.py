@@ -1,19 +1,18 @@
-"""The speculative decoding loop: draft K tokens with the drafter, verify K + 1 in one target forward, keep the
-matching prefix and one target token, roll back. Design: mtp/README.md; the numbered steps are those of §7.
+"""The speculative decoding loop: draft K tokens with the drafter, verify K + 1 in one target forward, keep the matching
+prefix and one target token, roll back. Design: mtp/README.md; the numbered steps are those of §7.
 
-Greedy first. Why the output equals plain greedy decoding: the target's logits at verify row i depend only on
-the committed prefix and d_1..d_i; a draft is kept only if it equals the target's own argmax there, so every
-committed token is the target's argmax given the committed prefix, whatever the drafter proposed. The drafter
-changes how many forwards the target runs, never what it commits.
+Greedy first. Why the output equals plain greedy decoding: the target's logits at verify row i depend only on the
+committed prefix and d_1..d_i; a draft is kept only if it equals the target's own argmax there, so every committed
+token is the target's argmax given the committed prefix, whatever the drafter proposed. The drafter changes how many
+forwards the target runs, never what it commits.
 
-Invariant at the start of every round: the target cache holds valid K/V for positions 0..t-1 (every committed
-token except the newest, at t), and the loop holds h[t-1], the target's post-norm hidden at t-1. Anything
-stored at positions >= t is stale and is overwritten by later writes.
+Invariant at the start of every round: the target cache holds valid K/V for positions 0..t-1 (every committed token
+except the newest, at t), and the loop holds h[t-1], the target's post-norm hidden at t-1. Anything stored at
+positions >= t is stale and is overwritten by later writes.
 
 Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4): mtp/accept.py.
-- `argmax` drafting (default): drafts stay the drafter's argmax; each verify row is sampled with the noise keyed
-  to its position, the same noise plain sampling uses there: the output equals plain keyed sampling token for
-  token.
+- `argmax` drafting (default): drafts stay the drafter's argmax; each verify row is sampled with the noise keyed to
+  its position, the same noise plain sampling uses there: the output equals plain keyed sampling token for token.
 - `sample` drafting: drafts are drawn from the drafter's warped q and kept by the rejection rule: exact in
   distribution, not token-equal to plain sampling.
 
@@ -21,8 +20,7 @@ Many prompts (§12): every row is its own run at its own positions (as in gemma4
 forwards: one drafter call drafts max_b K_b tokens (row b keeps its first K_b), one verify takes every row's block,
 right-padded: the pads land in slots that are stale after the round.
 
-Shape legend: B rows still running, K drafts, V vocab, E target hidden.
-"""
+Shape legend: B rows still running, K drafts, V vocab, E target hidden."""
 
 import copy
 from collections.abc import Callable, Sequence
@@ -40,6 +38,7 @@ from mtp.drafter import Drafter
 from mtp.stats import SpecResult, SpecStats
 
 if TYPE_CHECKING:  # the loop only calls a schedule: next(room), observe(k, accepted), start_call()
+    from gemma4.vision.prompt import PromptImages  # only passed on to `prefill`
     from mtp.schedule import DraftLength
 
 DRAFTING = ("argmax", "sample")
@@ -51,27 +50,29 @@ def speculative_generate(
     sampler: SamplerConfig | None = None, drafting: str = "argmax",
     on_commit: Callable[[list[int], list[bool]], None] | None = None,
     cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
+    images: "PromptImages | None" = None,
 ) -> SpecResult:
     """`speculative_rows` of one row: greedy with `sampler=None` or temperature 0, else sampling with `drafting`.
     `draft_length` learns across calls; `on_commit(tokens, from_drafter flags)` sees each committed block (for
-    streaming); `cache`, `reuse`: a cache holding prompt[:reuse]; `prefill_chunk`: see gemma4/generate.py."""
+    streaming); `cache`, `reuse`: a cache holding prompt[:reuse]; `prefill_chunk`, `images`: gemma4/generate.py."""
     draft_length.start_call()
     each = None if on_commit is None else lambda _, tokens, flags: on_commit(tokens, flags)
     return speculative_rows(target, drafter, [prompt], max_new_tokens, [draft_length], stop_ids, [sampler],
-                            drafting, each, cache, reuse, prefill_chunk)[0]
+                            drafting, each, cache, reuse, prefill_chunk, images)[0]
 
 
 def speculative_generate_batch(
     target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
     draft_length: "DraftLength", stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
     samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax", prefill_chunk: int | None = None,
+    images: "PromptImages | None" = None,
 ) -> list[SpecResult]:
     """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and `drafting`).
     Every row starts from a copy of draft_length and adapts it on its own rounds; draft_length is left as it is."""
     draft_length.start_call()
     lengths = [copy.deepcopy(draft_length) for _ in prompts]  # `auto`'s estimates included
     return speculative_rows(target, drafter, prompts, max_new_tokens, lengths, stop_ids, samplers, drafting,
-                            prefill_chunk=prefill_chunk)
+                            prefill_chunk=prefill_chunk, images=images)
 
 
 @torch.inference_mode()
@@ -81,21 +82,22 @@ def speculative_rows(
     samplers: Sequence[SamplerConfig | None] | None = None, drafting: str = "argmax",
     on_commit: Callable[[int, list[int], list[bool]], None] | None = None,
     cache: KVCache | None = None, reuse: int = 0, prefill_chunk: int | None = None,
+    images: "PromptImages | None" = None,
 ) -> list[SpecResult]:
     """The loop: row b runs prompts[b] with its own budget, stop ids, sampler and schedule lengths[b];
     `on_commit(b, tokens, from_drafter flags)`; `cache`, `reuse`: one row's cache holding prompt[:reuse]."""
-    budgets, stops = check_rows(target, prompts, max_new_tokens, stop_ids)
+    budgets, stops = check_rows(target, prompts, max_new_tokens, stop_ids, images)
     samplers = [check_sampling(s, drafting) for s in samplers or [None] * len(prompts)]
     check_windows(target, drafter)
     context = target.config.max_position_embeddings
     if cache is None:  # several rows: room for a verify's pads past a row's last position, fewer than the slack
         pads = min(max(budgets), ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk))
-        cache = new_cache(target, prompts, budgets, prefill_chunk, pads if len(prompts) > 1 else 0)
+        cache = new_cache(target, prompts, budgets, prefill_chunk, pads if len(prompts) > 1 else 0, images)
 
     # 0. Prefill: one forward over each prompt (past a reused prefix) commits its first token. The drafter needs
     #    nothing for a reused prefix: it keeps no cache, and reads the target's K/V and the hidden of the
     #    prompt's last position, both the prefill's.
-    logits, hidden = prefill(target, cache, prompts, reuse, prefill_chunk)  # (B, V), (B, E) h[t_b-1]
+    logits, hidden = prefill(target, cache, prompts, reuse, prefill_chunk, images)  # (B, V), (B, E) h[t_b-1]
     seqs = [list(p) + [choose(logits[b:b + 1], samplers[b], len(p))] for b, p in enumerate(prompts)]
     stats = [SpecStats(target_forwards=1, emitted=1) for _ in prompts]  # their clocks start now
     results: list[SpecResult | None] = [None] * len(prompts)

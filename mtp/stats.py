@@ -1,5 +1,5 @@
-"""What a speculative run did: per-round drafts and acceptance, and the run's result. A round's seconds run from
-the previous record (or the statistics' making, after the prefill) to its own: the loop times nothing itself."""
+"""What a speculative run did: per-round drafts and acceptance, and the run's result. A round's seconds run from the
+previous record (or the statistics' making, after the prefill) to its own: the loop times nothing itself."""
 
 import time
 from collections import Counter

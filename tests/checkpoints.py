@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 from transformers import (
     AutoConfig,
     GenerationConfig,
@@ -157,6 +158,48 @@ def target_text_config(shape: str) -> Gemma4TextConfig | Gemma4UnifiedTextConfig
         del fields["hidden_size_per_layer_input"], fields["vocab_size_per_layer_input"]
         return Gemma4UnifiedTextConfig(**fields)
     return Gemma4TextConfig(**fields)
+
+
+# Image checkpoints (`images=True`): towers big enough to run, the processor config beside them, and the media ids
+# moved inside the tiny vocabulary (the release's 255999 / 258880... would not fit 512). Image-test prompts draw their
+# text ids below MEDIA_IDS["boi_token_id"].
+MEDIA_IDS = dict(boi_token_id=505, image_token_id=506, eoi_token_id=507, video_token_id=508, boa_token_id=509,
+                 eoa_token_index=510, audio_token_id=511)
+IMAGE_PATCH = {"encoder": (4, 2), "unified": (2, 2)}  # (patch_size, pooling_kernel_size) of the tiny towers
+IMAGE_SOFT_TOKENS = 70  # the smallest budget the processor accepts: 70 soft tokens, longer than the window (8)
+
+
+def _image_vision_config(unified: bool) -> Gemma4VisionConfig | Gemma4UnifiedVisionConfig:
+    if unified:
+        return Gemma4UnifiedVisionConfig(patch_size=2, pooling_kernel_size=2, mm_embed_dim=24, mm_posemb_size=320,
+                                         output_proj_dims=24)
+    return Gemma4VisionConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=8, position_embedding_size=320, pooling_kernel_size=2, patch_size=4,
+    )
+
+
+def _redraw_vision(name: str, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A fresh value for one tower tensor: no norm left at 1, no table left at TF's init."""
+    if t.dim() == 0:  # a clipped linear's bound (not written by these configs)
+        return t
+    if "norm" in name or "_ln" in name:
+        return _uniform(t.shape, 0.5, 1.5, gen) if name.endswith("weight") else torch.randn(t.shape, generator=gen) * 0.1
+    if name.endswith("bias"):
+        return torch.randn(t.shape, generator=gen) * 0.1
+    if "position_embedding_table" in name or "pos_embedding" in name:
+        return torch.randn(t.shape, generator=gen)
+    if t.dim() == 2:
+        return torch.randn(t.shape, generator=gen) / t.shape[1] ** 0.5
+    raise ValueError(f"no re-randomisation rule for {name} {tuple(t.shape)}")
+
+
+@torch.no_grad()
+def _rerandomise_vision(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed + 3000)  # not the text model's stream: its tensors stay as without images
+    for name, t in sorted(model.state_dict().items()):
+        if name.startswith(("model.vision_tower.", "model.embed_vision.")):
+            t.copy_(_redraw_vision(name, t, gen))
 
 
 def _tiny_unified_vision_config() -> Gemma4UnifiedVisionConfig:
@@ -312,8 +355,15 @@ def write_target(
     multimodal: bool = True,
     official_config: bool = False,
     seed: int = 0,
+    images: bool = False,
+    both_ways: bool | None = None,
 ) -> Path:
     """Write a tiny target checkpoint to `path` and return it.
+
+    images: a tower that runs on real images (MEDIA_IDS inside the vocabulary, IMAGE_PATCH, the processor's
+    preprocessor_config.json beside it); the text tensors are those of the same shape without images.
+    both_ways: `use_bidirectional_attention` "vision" (True) or null (False); None leaves TF's default (the
+    unified text config's is "vision").
 
     multimodal: `Gemma4ForConditionalGeneration` (model_type gemma4, text under `text_config`, tensors
     `model.language_model.*`, plus a tiny vision tower); else
@@ -322,26 +372,36 @@ def write_target(
     """
     path = Path(path)
     text_config = target_text_config(shape)
+    if both_ways is not None:
+        text_config.use_bidirectional_attention = "vision" if both_ways else None
+    unified = shape in UNIFIED
+    media = dict(vision_config=_image_vision_config(unified), **MEDIA_IDS) if images else {}
     with torch.random.fork_rng():  # TF's init draws from the global RNG: keep the caller's stream intact
         torch.manual_seed(seed)
-        unified = shape in UNIFIED
         if multimodal and unified:
-            config = Gemma4UnifiedConfig(text_config=text_config, vision_config=_tiny_unified_vision_config(),
-                                         audio_config=None)
+            config = Gemma4UnifiedConfig(**{"text_config": text_config, "vision_config": _tiny_unified_vision_config(),
+                                            "audio_config": None, **media})
             model = Gemma4UnifiedForConditionalGeneration(config)
         elif multimodal:
-            config = Gemma4Config(text_config=text_config, vision_config=_tiny_vision_config(), audio_config=None)
+            config = Gemma4Config(**{"text_config": text_config, "vision_config": _tiny_vision_config(),
+                                     "audio_config": None, **media})
             model = Gemma4ForConditionalGeneration(config)
         else:
             model = (Gemma4UnifiedForCausalLM if unified else Gemma4ForCausalLM)(text_config)
         prefix = "model.language_model." if multimodal else "model."
     ple = getattr(text_config, "hidden_size_per_layer_input", 0)
     _rerandomise(model, prefix, prefix + "norm.weight", HIDDEN, ple, seed)
+    if images:
+        _rerandomise_vision(model, seed)
     # The IT releases sample by default; greedy must be asked for explicitly.
     model.generation_config = GenerationConfig(
         bos_token_id=2, pad_token_id=0, eos_token_id=STOP_IDS, do_sample=True, top_k=64, top_p=0.95, temperature=1.0
     )
     _save(model, path, dtype, sharded)
+    if images:  # the processor config a release ships beside its weights
+        patch, k = IMAGE_PATCH["unified" if unified else "encoder"]
+        Gemma4ImageProcessorPil(patch_size=patch, pooling_kernel_size=k,
+                                max_soft_tokens=IMAGE_SOFT_TOKENS).save_pretrained(path)
     if official_config:
         _officialise_config(path)
     return path

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import MethodType
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import (
     AutoConfig,
@@ -51,7 +52,9 @@ from transformers import (
     PreTrainedModel,
 )
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm, Gemma4TextRotaryEmbedding, Gemma4TextRouter
+from transformers.models.gemma4.modeling_gemma4 import (
+    Gemma4RMSNorm, Gemma4TextRotaryEmbedding, Gemma4TextRouter, Gemma4VisionPooler,
+)
 from transformers.models.gemma4_unified.modeling_gemma4_unified import (
     Gemma4UnifiedRMSNorm, Gemma4UnifiedTextRotaryEmbedding,
 )
@@ -124,6 +127,21 @@ def _power_frequencies(rope: Gemma4TextRotaryEmbedding) -> None:
         setattr(rope, f"{kind}_inv_freq", freqs)
 
 
+def _pool_in_dtype(pooler: Gemma4VisionPooler, hidden_states: torch.Tensor, pixel_position_ids: torch.Tensor,
+                   padding_positions: torch.Tensor, output_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gemma4VisionPooler.forward with its mean and sqrt(W) scale in the input's dtype, not fp32 (its pooling
+    branch: these tests always pool)."""
+    h = hidden_states.masked_fill(padding_positions.unsqueeze(-1), 0.0)  # (B, N, W)
+    k = int((h.shape[1] // output_length) ** 0.5)
+    positions = pixel_position_ids.clamp(min=0)
+    max_x = positions[..., 0].max(dim=-1, keepdim=True)[0] + 1
+    blocks = torch.div(positions, k, rounding_mode="floor")
+    blocks = blocks[..., 0] + (max_x // k) * blocks[..., 1]  # (B, N)
+    weights = F.one_hot(blocks.long(), output_length).to(h.dtype) / k**2  # (B, N, M)
+    return weights.transpose(1, 2) @ h * pooler.root_hidden_size, ~(weights == 0).all(dim=1)
+
+
+
 def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
     """A float64 model computed in float64. TF runs three steps in fp32 whatever the model's dtype:
     every RMSNorm (`x.float()`), eager attention's softmax and the MoE router's softmax, which left
@@ -135,6 +153,8 @@ def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
             module.forward = MethodType(_rms_norm_in_dtype, module)
         elif isinstance(module, Gemma4TextRouter):
             module.forward = MethodType(_router_in_dtype, module)
+        elif isinstance(module, Gemma4VisionPooler):
+            module.forward = MethodType(_pool_in_dtype, module)
         elif isinstance(module, (Gemma4TextRotaryEmbedding, Gemma4UnifiedTextRotaryEmbedding)):
             _power_frequencies(module)
     return model

@@ -89,6 +89,7 @@ def vision_config(raw: dict[str, Any]) -> VisionConfig | None:
 def image_tokens(raw: dict[str, Any]) -> ImageTokens:
     """The image ids of a multimodal config.json (transformers 5.22.2's defaults where absent)."""
     text = raw.get("text_config") or {}
+    # Absent, transformers' default: "vision" for the 12B's text config, None for the others'.
+    both_ways = text.get("use_bidirectional_attention", "vision" if UNIFIED_TYPES.get(raw.get("model_type")) else None)
     return ImageTokens(boi=int(raw.get("boi_token_id", 255_999)), soft=int(raw.get("image_token_id", 258_880)),
-                       eoi=int(raw.get("eoi_token_id", 258_882)),
-                       both_ways=text.get("use_bidirectional_attention") == "vision")
+                       eoi=int(raw.get("eoi_token_id", 258_882)), both_ways=both_ways == "vision")

@@ -19,7 +19,8 @@ def test_the_path_is_short_and_holds_no_kernel_code() -> None:
     assert {"mtp.speculative", "mtp.accept", "mtp.drafter", "gemma4.model", "gemma4.cache"} <= set(path)
     assert "gemma4.weights" not in path and "mtp.loading" not in path  # the loaders are off the path
     assert not any(m.startswith(("gemma4.fast", "mtp.extras", "gemma4.extras")) for m in path)
-    assert sum(path.values()) <= 1500, path  # batches joined the path: at most 1,500 lines
+    # batches joined the path at 1,500 lines; images (the both-ways mask, the soft tokens, the prefill's chunks) at 1,518
+    assert sum(path.values()) <= 1520, path
     for module in path:
         text = module_file(module).read_text().lower()
         assert not any(word in text for word in KERNEL_WORDS), module
