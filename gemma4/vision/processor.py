@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from gemma4.config import ConfigError
+from gemma4.vision.prompt import ImageError
 
 if TYPE_CHECKING:
     import PIL.Image
@@ -38,10 +39,6 @@ if TYPE_CHECKING:
 SOFT_TOKEN_CHOICES = (70, 140, 280, 560, 1120)  # the budgets the models were trained with
 READABLE = "give a PNG, JPEG, WebP, GIF or BMP file"
 BICUBIC = 3  # PIL.Image.Resampling.BICUBIC, the number processor configs store as "resample"
-
-
-class ImageError(ValueError):
-    """An image this implementation cannot take; the one-line message says what to change."""
 
 
 @dataclass(frozen=True)

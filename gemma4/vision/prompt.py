@@ -23,7 +23,10 @@ import torch
 
 from gemma4.model import Soft
 from gemma4.vision.config import ImageTokens
-from gemma4.vision.processor import ImageError
+
+
+class ImageError(ValueError):
+    """An image this implementation cannot take; the one-line message says what to change."""
 
 
 class ImageAt(NamedTuple):
