@@ -50,6 +50,7 @@ class TextConfig:
     # Ids that stand for an image, video or audio soft token in a multimodal file. Their rows of the
     # embedding table are never trained as text: a text-only model refuses them in a prompt.
     media_token_ids: tuple[int, ...] = ()
+    image_token_id: int | None = None  # the one of them an image's vectors replace (gemma4/README.md §19)
 
     @property
     def first_shared_layer(self) -> int:

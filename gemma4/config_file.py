@@ -80,7 +80,8 @@ def _refuse_unimplemented(d: dict[str, Any], text_type: str) -> None:
                                   f"Per-Layer Embeddings or MoE; check the file's model_type")
 
 
-def text_config_from_dict(d: dict[str, Any], media_token_ids: tuple[int, ...] = ()) -> TextConfig:
+def text_config_from_dict(d: dict[str, Any], media_token_ids: tuple[int, ...] = (),
+                          image_token_id: int | None = None) -> TextConfig:
     """Resolve a Gemma 4 text dict (its `model_type` picks transformers 5.22.2's defaults) into per-layer geometry."""
     text_type = d.get("model_type") if d.get("model_type") in TEXT_DEFAULTS else "gemma4_text"
     defaults = TEXT_DEFAULTS[text_type]
@@ -144,6 +145,7 @@ def text_config_from_dict(d: dict[str, Any], media_token_ids: tuple[int, ...] = 
         final_logit_softcapping=d.get("final_logit_softcapping"),
         max_position_embeddings=int(_get(d, "max_position_embeddings", defaults["max_position_embeddings"])),
         media_token_ids=tuple(media_token_ids),
+        image_token_id=image_token_id,
     )
     if cfg.ple_dim and cfg.ple_vocab_size <= 0:
         raise ConfigError("hidden_size_per_layer_input is set but vocab_size_per_layer_input is not")
@@ -180,7 +182,9 @@ def media_token_ids(raw: dict[str, Any]) -> tuple[int, ...]:
 def target_config(raw: dict[str, Any]) -> tuple[TextConfig, str]:
     """A target config.json's `TextConfig` and its tensor-name prefix."""
     fields, prefix = text_fields(raw)
-    return text_config_from_dict(fields, media_token_ids(raw)), prefix
+    media = media_token_ids(raw)
+    image = raw.get("image_token_id", MEDIA_FIELDS["image_token_id"]) if media else None
+    return text_config_from_dict(fields, media, None if image is None else int(image)), prefix
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -5,6 +5,8 @@
   template's rules, and `encode_chat` is the conversation of one user turn.
   `<bos>`, then (only with a system text or thinking on) `<|turn>system\\n[<|think|>\\n]{system}<turn|>\\n`,
   then every turn as `<|turn>{user|model}\\n{text}<turn|>\\n`, then the generation prompt `<|turn>model\\n`.
+  A user turn's images come first, one boi id each, right after `user\\n` (the template writes an image item as
+  `<|image|>`, which the processor expands to boi, soft tokens, eoi; gemma4/README.md §19).
   User and system texts are trimmed; an earlier model turn loses every `<|channel>…<channel|>` span
   (its thought: `strip_thought`) and is then trimmed.
 - Typed text stays text: user and system texts are tokenized with special-token parsing off, so a
@@ -30,6 +32,7 @@ from gemma4.config import ConfigError, TextConfig
 from gemma4.config_file import read_json
 
 BOS_ID, THINK_ID, CHANNEL_START_ID, CHANNEL_END_ID, TURN_START_ID, TURN_END_ID = 2, 98, 100, 101, 105, 106
+BOI_ID = 255_999  # <|image>: opens an image (the releases' boi_token_id)
 CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
 ROLES = ("user", "model")
 
@@ -38,6 +41,7 @@ ROLES = ("user", "model")
 class Message:
     role: str  # "user" or "model" (the template's word for the assistant)
     text: str  # as typed, or as the model wrote it (thought included: rendering drops it)
+    images: int = 0  # a user turn's images, each written as one boi id before the text (§19 expands them)
 
 
 def strip_thought(text: str) -> str:
@@ -99,8 +103,9 @@ class Gemma4Tokenizer:
             self.tokenizer.encode_special_tokens = False
 
     def render(self, messages: list[Message], system: str | None = None, think: bool = False,
-               empty_thought: bool = False) -> list[int]:
-        """The conversation's ids, ending with the generation prompt for the next model turn."""
+               empty_thought: bool = False, boi: int = BOI_ID) -> list[int]:
+        """The conversation's ids, ending with the generation prompt for the next model turn; `boi`: the id
+        that marks each image's place (config.json's boi_token_id)."""
         # Each run of text between two control tokens is tokenized whole, as the tokenizer splits a
         # rendered string at its special tokens: `user\n` and the text form one run.
         newline = self.encode_text("\n")
@@ -115,7 +120,9 @@ class Gemma4Tokenizer:
         for m in messages:
             if m.role not in ROLES:
                 raise ValueError(f"a message's role is 'user' or 'model', got {m.role!r}")
-            if m.role == "user":
+            if m.role == "user" and m.images:  # the template's image items, first: `<|image|>` each, no space
+                body = self.encode_text("user\n") + [boi] * m.images + self.encode_text(m.text.strip())
+            elif m.role == "user":
                 body = self.encode_text(f"user\n{m.text.strip()}")
             else:  # the model's own control tokens are real ones
                 body = self.encode(f"model\n{strip_thought(m.text)}")
@@ -125,9 +132,9 @@ class Gemma4Tokenizer:
             ids += [CHANNEL_START_ID] + self.encode_text("thought\n") + [CHANNEL_END_ID]
         return ids
 
-    def encode_chat(self, user_text: str, empty_thought: bool = False) -> list[int]:
-        """One user turn, thinking off: the conversation of that turn alone."""
-        return self.render([Message("user", user_text)], empty_thought=empty_thought)
+    def encode_chat(self, user_text: str, empty_thought: bool = False, images: int = 0, boi: int = BOI_ID) -> list[int]:
+        """One user turn, thinking off: the conversation of that turn alone (its images first)."""
+        return self.render([Message("user", user_text, images)], empty_thought=empty_thought, boi=boi)
 
     def encode_raw(self, text: str) -> list[int]:
         """The text as it is, after exactly one BOS (special tokens written in it are recognised:

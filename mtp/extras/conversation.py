@@ -13,6 +13,10 @@ a drafter, plain decoding (gemma4/generate.py) without; gemma4/ never imports mt
   of their window plus a slack (gemma4/cache.py): reuse is exact only while the ring still holds the
   window before R (`KVCache.holds`). A turn that diverges further back (a thinking block dropped from
   the history, long after it) is prefilled again from position 0, and `Reply.reused` says 0.
+- Images (gemma4/README.md §19): a user turn may carry images, written first in its turn. Their soft tokens
+  are the same ids whatever the image, so reuse also compares the images the cache holds, position by
+  position, and never keeps part of an image (`PromptImages.whole`). Where an image must see itself both
+  ways, a prefill forward holds it whole: a longer image than the cache's slack makes a new cache.
 - The drafter needs no reuse logic: it keeps no cache, and reads the target's K/V and the hidden
   of the newest position, both the turn's prefill's.
 - Keyed sampling draws position n's token from noise keyed by (seed, n), so a turn on a reused
@@ -27,11 +31,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.generate import check_prompt, decode
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
+from gemma4.vision.config import ImageTokens
+from gemma4.vision.prompt import ImageAt, ImageError, PromptImages, expand
 from mtp.drafter import Drafter
 from mtp.schedule import DraftLength
 from mtp.speculative import check_sampling, speculative_generate
@@ -80,63 +88,98 @@ class Conversation:
     def __init__(
         self, target: Gemma4Model, tokenizer: Gemma4Tokenizer, drafter: Drafter | None = None,
         system: str | None = None, think: bool = False, stop_ids: Sequence[int] = DEFAULT_STOP_IDS,
-        context: int | None = None, prefill_chunk: int | None = None,
+        context: int | None = None, prefill_chunk: int | None = None, image_tokens: ImageTokens | None = None,
     ) -> None:
+        """`image_tokens`: the target's image ids (`Vision.tokens`), for turns with images."""
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.image_tokens = image_tokens
         model_context = target.config.max_position_embeddings
         self.context = model_context if context is None else min(context, model_context)  # positions it may hold
         self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
         self.empty_thought = needs_empty_thought(target.config, tokenizer.chat_template)
         self.draft_length = DraftLength(4)  # used when a turn passes none; a heuristic schedule carries over
-        w = target.embed_tokens.weight
         self.prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk  # gemma4/generate.py `prefill`
         if self.prefill_chunk < 1:
             raise ValueError(f"a prefill chunk holds at least 1 position, got {self.prefill_chunk}")
-        self.cache = KVCache(target.config, self.context, dtype=w.dtype, device=w.device, reserve=0,
-                             slack=ring_slack(self.prefill_chunk))
+        self.cache = self.new_cache(ring_slack(self.prefill_chunk))
         self.held: list[int] = []  # ids whose K/V sit at positions 0..len-1 of the cache
+        self.held_images: list[ImageAt] = []  # the images among them, where they sit
         self.messages: list[Message] = []
+        self.images: list[torch.Tensor] = []  # every image of the messages, in order: (n, E) each
         self.turn = 0
 
-    def reset(self) -> None:
-        """Forget the messages. The cache keeps its K/V: they are a function of the ids alone, so the
-        next turn still reuses what it shares with them (`<bos>`, the system turn)."""
-        self.messages, self.turn = [], 0
+    def new_cache(self, slack: int) -> KVCache:
+        w = self.target.embed_tokens.weight
+        return KVCache(self.target.config, self.context, dtype=w.dtype, device=w.device, reserve=0, slack=slack)
 
-    def prompt_ids(self, user_text: str) -> list[int]:
-        """What the next turn would run on: the conversation so far, this user text, the generation prompt."""
-        return self.tokenizer.render(self.messages + [Message("user", user_text)], self.system, self.think,
-                                     self.empty_thought)
+    def reset(self) -> None:
+        """Forget the messages. The cache keeps its K/V: they are a function of the ids (and images) alone, so
+        the next turn still reuses what it shares with them (`<bos>`, the system turn)."""
+        self.messages, self.images, self.turn = [], [], 0
+
+    def prompt(self, user_text: str, images: Sequence[torch.Tensor] = ()) -> tuple[list[int], PromptImages | None]:
+        """What the next turn would run on: the conversation so far, this user turn (its images first), the
+        generation prompt; and the images on it (None when it holds none)."""
+        if images and self.image_tokens is None:
+            raise ImageError("this conversation has no image ids: give Conversation the target's image_tokens")
+        boi = {} if self.image_tokens is None else {"boi": self.image_tokens.boi}
+        ids = self.tokenizer.render(self.messages + [Message("user", user_text, len(images))], self.system,
+                                    self.think, self.empty_thought, **boi)
+        every = self.images + list(images)
+        if not every:
+            return ids, None
+        ids = expand(ids, [len(v) for v in every], self.image_tokens)
+        return ids, PromptImages([ids], [every], self.image_tokens)
+
+    def prompt_ids(self, user_text: str, images: Sequence[torch.Tensor] = ()) -> list[int]:
+        return self.prompt(user_text, images)[0]
+
+    def reusable(self, ids: list[int], images: PromptImages | None) -> int:
+        """How many leading positions of `ids` (with these images) the cache holds K/V for."""
+        reused = min(common_prefix(ids, self.held), len(ids) - 1)
+        now = images.rows[0] if images else []
+        for held, new in zip(self.held_images, now):  # soft ids match whatever the image: compare the vectors
+            if held.start != new.start or not torch.equal(held.vectors, new.vectors):
+                reused = min(reused, held.start, new.start)
+                break
+        if len(self.held_images) > len(now):  # an image held where the new prompt has text
+            reused = min(reused, self.held_images[len(now)].start)
+        return images.whole(reused) if images else reused
 
     def say(
         self, user_text: str, max_new_tokens: int = 256, sampler: SamplerConfig = GREEDY,
         draft_length: DraftLength | None = None, drafting: str = "argmax",
         stop_ids: Sequence[int] | None = None, ignore_eos: bool = False, on_commit: OnCommit | None = None,
+        images: Sequence[torch.Tensor] = (),
     ) -> Reply:
         """One user turn and the model's reply, which joins the conversation.
 
         `sampler` greedy (temperature 0) or sampling; with a drafter, `draft_length` (K and the
         schedule; default the conversation's own) and `drafting` ("argmax" or "sample") as in
         `speculative_generate`. `stop_ids`: default the conversation's; `ignore_eos` stops on none.
+        `images`: this turn's images, (n, E) vectors each (`Vision.read`), written before its text.
         Raises ContextFull when the conversation cannot fit one more token, ValueError on bad
         settings; either way the conversation is as before the call.
         """
         start = time.perf_counter()
-        ids = self.prompt_ids(user_text)
+        ids, every = self.prompt(user_text, images)
         if len(ids) + 1 > self.context:
             raise ContextFull(len(ids) + 1, self.context)
         max_new_tokens = min(max_new_tokens, self.context - len(ids))  # the loops stop only at the model's context
-        check_prompt(self.target, ids, max_new_tokens)  # bad settings fail before the cache is touched
+        check_prompt(self.target, every.text_ids(0, ids) if every else ids, max_new_tokens)  # before the cache
         if self.drafter is not None:
             check_sampling(sampler, drafting)
         stops = () if ignore_eos else tuple(self.stop_ids if stop_ids is None else stop_ids)
-        reused = min(common_prefix(ids, self.held), len(ids) - 1)
+        reused = self.reusable(ids, every)
+        if every and self.image_tokens.both_ways and every.longest > self.cache.slack:  # an image a forward holds
+            self.cache, reused = self.new_cache(ring_slack(every.longest)), 0
         if not self.cache.holds(reused):  # the ring has moved past the window before `reused`: start over
             reused = 0
         # From here on, whenever an exception falls, positions below min(cache.length, len(sequence))
         # hold the K/V of sequence = ids + the reply so far: the loops move `length` only past K/V
         # they wrote for it (a stop id may cut the last block short of `length`).
         self.cache.length, self.held = reused, ids[:reused]
+        self.held_images = [im for im in self.held_images if im.end <= reused]
         shown: list[int] = []
         first: list[float] = []
 
@@ -153,12 +196,12 @@ class Conversation:
                 result = speculative_generate(
                     self.target, self.drafter, ids, max_new_tokens, draft_length or self.draft_length, stops,
                     sampler, drafting, on_commit=commit, cache=self.cache, reuse=reused,
-                    prefill_chunk=self.prefill_chunk)
+                    prefill_chunk=self.prefill_chunk, images=every)
                 tokens, stats, finish_reason = result.tokens, result.stats, result.finish_reason
             else:
                 tokens, finish_reason = decode(self.target, [ids], max_new_tokens, [sampler], stops,
                                                on_token=lambda _, t: commit([t], [False]), cache=self.cache,
-                                               reuse=reused, prefill_chunk=self.prefill_chunk)[0]
+                                               reuse=reused, prefill_chunk=self.prefill_chunk, images=every)[0]
         except KeyboardInterrupt:
             tokens, finish_reason = shown, "interrupted"
         seconds = time.perf_counter() - start
@@ -166,10 +209,12 @@ class Conversation:
         sequence = ids + tokens
         self.held = sequence[:min(self.cache.length, len(sequence))]
         self.cache.length = len(self.held)
+        self.held_images = [im for im in (every.rows[0] if every else []) if im.end <= len(self.held)]
         # The model's turn as the template stores it: its text with its control tokens (a thought
         # is dropped when the next turn is rendered), without the stop id that closed it.
         body = tokens[:-1] if finish_reason == "stop" else tokens
-        self.messages += [Message("user", user_text), Message("model", self.tokenizer.decode(body))]
+        self.messages += [Message("user", user_text, len(images)), Message("model", self.tokenizer.decode(body))]
+        self.images += list(images)
         self.turn += 1
         return Reply(self.turn, ids, reused, len(ids) - reused, tokens,
                      self.tokenizer.decode(tokens, skip_special_tokens=True), finish_reason, stats, seconds,

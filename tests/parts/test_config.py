@@ -104,7 +104,8 @@ def test_multimodal_and_bare_files(tmp_path) -> None:  # noqa: ANN001
     (tmp_path / "config.json").write_text(json.dumps(text))
     bare = load_config(tmp_path)
     assert sorted(multimodal.media_token_ids) == [258880, 258881, 258884] and bare.media_token_ids == ()
-    assert dataclasses.replace(bare, media_token_ids=multimodal.media_token_ids) == multimodal
+    assert multimodal.image_token_id == 258880 and bare.image_token_id is None
+    assert dataclasses.replace(bare, media_token_ids=multimodal.media_token_ids, image_token_id=258880) == multimodal
 
 
 @pytest.mark.parametrize("change, field", [
