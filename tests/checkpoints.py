@@ -33,6 +33,7 @@ import json
 from pathlib import Path
 
 import torch
+from PIL import Image
 from safetensors import safe_open
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 from transformers import (
@@ -167,6 +168,12 @@ MEDIA_IDS = dict(boi_token_id=505, image_token_id=506, eoi_token_id=507, video_t
                  eoa_token_index=510, audio_token_id=511)
 IMAGE_PATCH = {"encoder": (4, 2), "unified": (2, 2)}  # (patch_size, pooling_kernel_size) of the tiny towers
 IMAGE_SOFT_TOKENS = 70  # the smallest budget the processor accepts: 70 soft tokens, longer than the window (8)
+
+
+def picture(width: int, height: int, seed: int) -> Image.Image:
+    """A test image of random pixels: `width` x `height`, RGB, the same for the same seed."""
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray(torch.randint(0, 256, (height, width, 3), generator=g, dtype=torch.uint8).numpy())
 
 
 def _image_vision_config(unified: bool) -> Gemma4VisionConfig | Gemma4UnifiedVisionConfig:

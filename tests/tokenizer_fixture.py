@@ -23,7 +23,12 @@ SPECIALS = {
 FIRST_ORDINARY = 107
 
 
-def build_tokenizer(vocab_size: int = 512) -> Tokenizer:
+# With `media=True`, the image checkpoints' media ids (tests/checkpoints.py MEDIA_IDS, the vocabulary's last 7) are
+# Gemma 4's media tokens, as in the release, rather than ordinary pieces that text could produce.
+MEDIA = ["<|image>", "<|image|>", "<image|>", "<|video|>", "<|audio>", "<audio|>", "<|audio|>"]
+
+
+def build_tokenizer(vocab_size: int = 512, media: bool = False) -> Tokenizer:
     specials = [SPECIALS.get(i, f"<unused{i}>") for i in range(FIRST_ORDINARY)]
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
     chars = ["▁", "\n"] + list(string.ascii_letters + string.digits + ".,!?'\"-:;()")
@@ -32,10 +37,11 @@ def build_tokenizer(vocab_size: int = 512) -> Tokenizer:
     merges: list[tuple[str, str]] = []
     candidates = [("▁", c) for c in string.ascii_lowercase] + [(a, b) for a in "etaoinshr" for b in "etaoinshr"]
     for left, right in candidates:
-        if len(pieces) == vocab_size:
+        if len(pieces) == vocab_size - (len(MEDIA) if media else 0):
             break
         merges.append((left, right))
         pieces.append(left + right)
+    pieces += MEDIA if media else []
     if len(pieces) != vocab_size:
         raise ValueError(f"cannot fill a vocabulary of {vocab_size} with this scheme")
     vocab = {piece: i for i, piece in enumerate(pieces)}
@@ -45,12 +51,12 @@ def build_tokenizer(vocab_size: int = 512) -> Tokenizer:
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     # Already in the vocabulary: this keeps their ids and marks them special (matched in text whole,
     # dropped by decode(skip_special_tokens=True)).
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials + (MEDIA if media else [])])
     return tok
 
 
-def write_tokenizer(model_dir: str | Path, vocab_size: int = 512) -> Path:
+def write_tokenizer(model_dir: str | Path, vocab_size: int = 512, media: bool = False) -> Path:
     """Write `tokenizer.json` into `model_dir` and return its path."""
     path = Path(model_dir) / "tokenizer.json"
-    build_tokenizer(vocab_size).save(str(path))
+    build_tokenizer(vocab_size, media).save(str(path))
     return path

@@ -11,6 +11,7 @@ Shape legend: N patches, n vectors (soft tokens), E text hidden.
 """
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ from gemma4.vision.config import ImageTokens, VisionConfig, image_tokens, vision
 from gemma4.vision.processor import ImageError, ImageProcessing, Pixels, open_image, process, processing_config
 from gemma4.vision.prompt import PromptImages, expand
 from gemma4.weights import read_state_dict, resolve_model_dir
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 
 class Vision:
@@ -37,9 +41,11 @@ class Vision:
         device = self.embedder.embedding_projection.weight.device
         return self.embedder(self.encoder(pixels.patches.to(device), pixels.positions.to(device)))
 
-    def read(self, path: str | Path, max_soft_tokens: int | None = None) -> torch.Tensor:
-        """An image file -> its (n, E) vectors; `max_soft_tokens` (70, 140, 280, 560, 1120) overrides the config."""
-        return self.encode(process(open_image(path), self.processing, max_soft_tokens))
+    def read(self, image: "str | Path | PIL.Image.Image", max_soft_tokens: int | None = None) -> torch.Tensor:
+        """An image file (or a decoded Pillow image) -> its (n, E) vectors; `max_soft_tokens` (70, 140, 280, 560,
+        1120) overrides the config."""
+        decoded = open_image(image) if isinstance(image, (str, Path)) else image
+        return self.encode(process(decoded, self.processing, max_soft_tokens))
 
     def prompt(self, ids: list[int], images: list[torch.Tensor]) -> tuple[list[int], PromptImages]:
         """Ids where one boi id marks each image's place -> the ids with boi, soft tokens, eoi, and the images."""

@@ -9,7 +9,8 @@ Facts a reader must know (gemma4/README.md §19):
 - Where the config asks for it (`both_ways`), an image's soft tokens see each other both ways on sliding
   layers. A prefill chunk must then hold the whole image (the keys ahead of a query are written in the same
   forward), so a chunk never ends inside an image: it stops before it, or runs to its end when the image
-  starts the chunk. The cache's slack is sized for the longest image (`longest`).
+  starts the chunk. The cache's slack is sized for the longest image, or images of several rows that overlap
+  (`longest`).
 - Everything is by absolute position, per row: rows of a batch hold different images at different places.
 
 Shape legend: B rows, T positions of one forward, n soft tokens, E hidden.
@@ -84,8 +85,18 @@ class PromptImages:
 
     @property
     def longest(self) -> int:
-        """The most positions one image holds (0 without images): a both-ways prefill chunk must hold it."""
-        return max((len(im.vectors) for row in self.rows for im in row), default=0)
+        """The most positions one prefill forward must hold: 0 unless images see themselves both ways; else the
+        longest stretch that no chunk may end inside (images of different rows that overlap form one)."""
+        if not self.tokens.both_ways:
+            return 0
+        spans = sorted((im.start, im.end) for row in self.rows for im in row)
+        most, lo, hi = 0, None, None
+        for a, z in spans:
+            if hi is None or a >= hi:  # a new stretch: a chunk may end at its start
+                lo, hi = a, z
+            hi = max(hi, z)
+            most = max(most, hi - lo)
+        return most
 
     def text_ids(self, b: int, ids: Sequence[int]) -> list[int]:
         """Row b's ids with its images' soft tokens as the pad token (0): what is left to check as text."""

@@ -93,6 +93,8 @@ class Conversation:
         """`image_tokens`: the target's image ids (`Vision.tokens`), for turns with images."""
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.image_tokens = image_tokens
+        boi_eoi = {image_tokens.boi, image_tokens.eoi} if image_tokens else set()
+        self.media = set(target.config.media_token_ids) | boi_eoi  # ids a model turn keeps out of the history
         model_context = target.config.max_position_embeddings
         self.context = model_context if context is None else min(context, model_context)  # positions it may hold
         self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
@@ -171,7 +173,7 @@ class Conversation:
             check_sampling(sampler, drafting)
         stops = () if ignore_eos else tuple(self.stop_ids if stop_ids is None else stop_ids)
         reused = self.reusable(ids, every)
-        if every and self.image_tokens.both_ways and every.longest > self.cache.slack:  # an image a forward holds
+        if every and every.longest > self.cache.slack:  # an image one forward must hold
             self.cache, reused = self.new_cache(ring_slack(every.longest)), 0
         if not self.cache.holds(reused):  # the ring has moved past the window before `reused`: start over
             reused = 0
@@ -213,6 +215,7 @@ class Conversation:
         # The model's turn as the template stores it: its text with its control tokens (a thought
         # is dropped when the next turn is rendered), without the stop id that closed it.
         body = tokens[:-1] if finish_reason == "stop" else tokens
+        body = [t for t in body if t not in self.media]  # a generated media id carries no image: left out
         self.messages += [Message("user", user_text, len(images)), Message("model", self.tokenizer.decode(body))]
         self.images += list(images)
         self.turn += 1

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
 from gemma4 import load_target
@@ -20,16 +19,11 @@ from gemma4.generate import greedy_generate
 from gemma4.vision.loading import load_vision
 from gemma4.vision.processor import process
 from mtp import DraftLength, load_drafter, speculative_generate
-from tests.checkpoints import IMAGE_SOFT_TOKENS, write_assistant, write_target
+from tests.checkpoints import IMAGE_SOFT_TOKENS, picture, write_assistant, write_target
 from tests.tf_oracle import tf_target
 from tests.tolerance import assert_fp32_parity
 
 FAMILIES = {"e2b": None, "moe": None, "dense": True, "12b": None}  # shape -> both_ways (None: TF's default)
-
-
-def picture(width: int, height: int, seed: int) -> Image.Image:
-    g = torch.Generator().manual_seed(seed)
-    return Image.fromarray(torch.randint(0, 256, (height, width, 3), generator=g, dtype=torch.uint8).numpy())
 
 
 PICTURES = [picture(37, 91, 1), picture(120, 50, 2)]  # portrait and landscape, odd sides: 65 and 60 soft tokens
