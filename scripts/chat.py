@@ -10,8 +10,11 @@
   Ctrl-C stops a reply and keeps what was shown as the model's turn; Ctrl-C at the prompt drops the
   line and says how to leave, a second one in a row leaves, as does Ctrl-D or `/exit` (status 0).
   Without a terminal on stdin the same lines are read, without prompts.
+- `/image PATH` (a multimodal target) reads the image at once and sends it with the next message, before
+  its text, as the release's chat template places images (scripts/cli/images.py); the tower is loaded at
+  the first one. A file it cannot read is one line ("not attached: ...") and the conversation goes on.
 - `--json`: stdin lines are user turns, stdout one JSON object per turn on one line, nothing else
-  (`{"error": ...}` in the place of a turn that does not fit the context).
+  (`{"error": ...}` in the place of a turn that does not fit the context, or of an image not attached).
 - A model without a chat template (the demo, a model of Python source) still chats: Gemma 4's
   turns are written by id, and its vocabulary holds the control tokens. The header says it never saw
   chat turns, so its replies are continuations of code, not answers.
@@ -21,7 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -37,7 +40,11 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
+    from gemma4.config_file import read_json
     from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer
+    from gemma4.vision.config import ImageTokens, image_tokens, vision_config
+    from gemma4.vision.loading import Vision, load_vision
+    from gemma4.vision.prompt import ImageError
     from mtp import ContextFull, Conversation, Reply
     from mtp.schedule import DraftLength
 
@@ -46,7 +53,8 @@ FENCE = '"""'  # a line holding only this opens and closes a multi-line message
 COMPILED_CONTEXT = 8192  # --compile's default context: its static cache is read whole by every compiled step
 HELP = f"""\
 type a message and Enter; a line {FENCE} opens and closes a message of several lines
-/reset starts over, /stats shows the last turn's figures, /exit or Ctrl-D leaves; Ctrl-C stops a reply"""
+/image PATH adds an image to your next message (a multimodal target), /reset starts over,
+/stats shows the last turn's figures, /exit or Ctrl-D leaves; Ctrl-C stops a reply"""
 
 
 # ---------------------------------------------------------------- input
@@ -142,14 +150,17 @@ class Session:
     sinks: list[Sink]  # where a reply streams (none with --json)
     json_output: bool
     say: Callable[[str], None]  # a line on stderr (nowhere with --json)
+    images: Callable[[str], torch.Tensor]  # /image: a path -> its vectors, or an ImageError
     last: Reply | None = None
+    pending: list[torch.Tensor] = field(default_factory=list)  # the next message's images, from /image
 
     def turn(self, text: str) -> None:
         stream = Stream(self.conversation.tokenizer, self.sinks)
         a = self.assistant
         try:
             reply = self.conversation.say(text, self.max_new_tokens, self.target.sampler, a and a.draft_length,
-                                          a.drafting if a else "argmax", on_commit=stream.commit)
+                                          a.drafting if a else "argmax", on_commit=stream.commit,
+                                          images=self.pending)
         except ContextFull as e:  # the conversation is unchanged and goes on
             if self.json_output:  # an object in the turn's place: a script reading a line per turn stays in step
                 print(json.dumps({"error": str(e)}), flush=True)
@@ -159,7 +170,7 @@ class Session:
             stream.finish()
             self.say("(interrupted)\n")
             return
-        self.last = reply
+        self.last, self.pending = reply, []
         if self.json_output:
             print(json.dumps(reply_json(reply, a and a.draft_length)), flush=True)
             return
@@ -168,11 +179,30 @@ class Session:
             self.say(f"(stopped after {len(reply.tokens)} tokens: the text above is kept as the model's turn)")
         self.say("")
 
+    def attach(self, path: str) -> None:
+        """/image PATH: read the image now (a bad file is said at once), send it with the next message."""
+        try:
+            if not path:
+                raise ImageError("/image needs a path: /image photo.jpg")
+            self.pending.append(self.images(path))
+        except ImageError as e:
+            if self.json_output:  # an object in the place of what did not happen
+                print(json.dumps({"error": str(e)}), flush=True)
+            self.say(f"not attached: {e}\n")
+            return
+        n = len(self.pending)
+        self.say(f"-- {Path(path).name}: {len(self.pending[-1])} image tokens; {n} image{'s go' if n > 1 else ' goes'} "
+                 f"with your next message\n")
+
     def command(self, line: str) -> bool:
         """Run `line` if it is a command (/exit is the caller's); False if it is a message."""
         if line == "/reset":
             self.conversation.reset()
+            self.pending = []
             self.say("-- the conversation starts over\n")
+            return True
+        if line.split(maxsplit=1)[0] == "/image":
+            self.attach(line.split(maxsplit=1)[1].strip() if len(line.split()) > 1 else "")
             return True
         if self.json_output or not line.startswith("/") or len(line.split()) > 1:
             return False
@@ -199,6 +229,11 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     say: Callable[[str], None] = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
     target, dev, dtype = load_target_from(flags, say, demo_target)
     tokenizer = chat_tokenizer(target, think)
+    raw = read_json(target.dir / "config.json")
+    tokens: ImageTokens | None = image_tokens(raw) if vision_config(raw) else None  # None: text only
+    if flags.image_tokens is not None and (tokens is None or flags.compile):
+        refuse("--image-tokens", f"it sizes /image's images, and {target.name} takes none"
+                                 f"{' with --compile' if tokens else ' (no vision tower)'}")
     assistant = load_assistant_from(flags, target, dev, dtype, say)
     say(sampling_line(target, assistant))
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
@@ -218,10 +253,21 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
 
     model, drafter = ((compiled.target, compiled.drafter) if compiled else
                       (target.model, assistant and assistant.drafter))
-    conversation = Conversation(model, tokenizer, drafter, system, think, target.stops, context, flags.prefill_chunk)
+    conversation = Conversation(model, tokenizer, drafter, system, think, target.stops, context, flags.prefill_chunk,
+                                tokens)
     if compiled:
         conversation.cache = compiled.cache
-    session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say)
+    vision: list[Vision] = []  # the image side, read at the first /image: a text-only chat never loads it
+
+    def read(path: str) -> torch.Tensor:
+        if tokens is None or compiled:
+            raise ImageError(f"{target.name} takes no image: " + ("--compile's static steps run text only" if tokens
+                             else "its config.json has no vision_config (a text-only model, like the demo)"))
+        if not vision:
+            vision.append(load_vision(target.dir, dtype, dev))
+        return vision[0].read(path, flags.image_tokens)
+
+    session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say, read)
     with torch.inference_mode():  # one tiny forward, so that one-time start-up costs are not charged to turn 1
         target.model.run(torch.tensor([[BOS_ID]], device=dev))
     lines = Lines(source, prompt)
@@ -260,8 +306,9 @@ COMMANDS = f"""\
 in the conversation:
 {HELP}
 Ctrl-C at the prompt drops the line; a second Ctrl-C in a row leaves. --max-new-tokens counts per turn.
---json: stdin lines are user turns (a line /reset resets, /exit leaves); stdout gets one JSON object per
-turn on one line: turn, prompt_ids, reused, prefilled, tokens, text, finish_reason, stats."""
+--json: stdin lines are user turns (a line /reset resets, /image PATH adds an image, /exit leaves); stdout
+gets one JSON object per turn on one line: turn, prompt_ids, reused, prefilled, tokens, text, finish_reason,
+stats (an image not attached: {{"error": ...}})."""
 
 
 def parser() -> Parser:

@@ -6,6 +6,8 @@
 - Decoding follows the target's generation_config.json unless told otherwise: greedy gives the
   target's own greedy output (exactly so in float32; see README.md for bfloat16); sampling with the
   default `argmax` drafting gives plain sampling's output with the same `--seed`, token for token.
+- `--image PATH` (repeatable) puts images in the prompt of a multimodal target: a chat turn holds them before
+  its text; with `--prompt-ids` one boi id marks each image's place (scripts/cli/images.py).
 - stdout carries the generated text and nothing else; the header, the statistics and (when stdout is
   not a terminal) the text with its draft marks go to stderr. `--json` prints one JSON object on
   stdout instead, and keeps stderr quiet.
@@ -26,6 +28,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     import torch
 
     from cli.batch import run_batch, split_prompts
+    from cli.images import load_images, place
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
         add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
@@ -34,6 +37,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
     from gemma4.generate import check_prompt, decode, sample_generate
+    from gemma4.tokenizer import BOS_ID
     from mtp import speculative_generate
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
@@ -57,9 +61,20 @@ def shorten(text: str, width: int = 60) -> str:
 
 def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] | None = None, raw: bool = False,
          compare: bool = False, json_output: bool = False, batch: list[str] | list[list[int]] | None = None,
-         demo_target: Path = DEMO_TARGET) -> int:
+         demo_target: Path = DEMO_TARGET, images: list[str] | None = None) -> int:
     """Run one generation (or one batch) and print it; returns the exit status (0, or 130 after Ctrl-C)."""
     check_values(flags)
+    images = images or []
+    if flags.image_tokens is not None and not images:
+        refuse("--image-tokens", "it sizes the images of --image, and none is given")
+    if images and raw:
+        raise UsageError("--image with --raw: raw text has no place for an image; drop --raw (the chat template "
+                         "places it), or give --prompt-ids with one boi id where each image goes")
+    if images and batch:
+        raise UsageError("--image goes with one prompt: give one --prompt (a batch with images per row is "
+                         "speculative_generate_batch(images=...) from Python)")
+    if images and flags.compile:
+        raise UsageError("--image runs eagerly: --compile's static steps take text only; drop one of the two")
     if batch:  # the first row goes through every check of a single prompt
         prompt, prompt_ids = (batch[0], None) if isinstance(batch[0], str) else (None, batch[0])
     if (prompt is not None and not prompt.strip()) or prompt_ids == []:
@@ -89,18 +104,27 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
 
     if prompt is None and prompt_ids is None:
         prompt = CHAT_PROMPT if target.chat else CODE_PROMPT
+    context = target.model.config.max_position_embeddings
+    pictures = None  # the prompt's images, placed on its soft tokens
+    if images:  # the tower is read only now: a text-only run never loads it
+        vision, vectors = load_images(target.dir, images, flags.image_tokens, dev, dtype, say)
+        if prompt_ids is None:  # the images first: a chat turn's (the template's place), else right after <bos>
+            prompt_ids = ([BOS_ID] + [vision.tokens.boi] * len(images) + encode(prompt)[1:] if as_is else
+                          target.tokenizer.encode_chat(prompt, target.empty_thought, len(images), vision.tokens.boi))
+        prompt_ids, pictures = place(vision, prompt_ids, vectors, context)
     if prompt_ids is None:
         prompt_ids = encode(prompt)
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
-    check_prompt(target.model, prompt_ids, max_new_tokens)
-    context = target.model.config.max_position_embeddings
+    check_prompt(target.model, pictures.text_ids(0, prompt_ids) if pictures else prompt_ids, max_new_tokens)
     if len(prompt_ids) + max_new_tokens > context:  # said even with --json: the run is shorter than asked
         print(f"note: --max-new-tokens {max_new_tokens} is cut to {context - len(prompt_ids)}: the context holds "
               f"{context} positions and the prompt takes {len(prompt_ids)}", file=sys.stderr)
         max_new_tokens = context - len(prompt_ids)
     how = "as given" if prompt is None else "raw" if as_is else "chat template"
     shown = f"{shorten(prompt)}, " if prompt is not None else ""
-    say(f"prompt     {shown}{len(prompt_ids)} tokens ({how})" + (f", the first of {len(batch)} rows" if batch else ""))
+    with_images = f", {len(images)} image{'s' if len(images) > 1 else ''} included" if images else ""
+    say(f"prompt     {shown}{len(prompt_ids)} tokens ({how}{with_images})"
+        + (f", the first of {len(batch)} rows" if batch else ""))
     assistant = load_assistant_from(flags, target, dev, dtype, say)
     say(sampling_line(target, assistant))
     drafter = assistant and assistant.drafter
@@ -141,12 +165,12 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         if drafter is not None:
             spec = speculative_generate(model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
                                         sampler, drafting, on_commit=stream.commit, cache=cache,
-                                        prefill_chunk=flags.prefill_chunk)
+                                        prefill_chunk=flags.prefill_chunk, images=pictures)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         else:
             tokens, finish_reason = decode(model, [prompt_ids], max_new_tokens, [sampler], stops,
                                            on_token=lambda _, t: stream.commit([t], [False]), cache=cache,
-                                           prefill_chunk=flags.prefill_chunk)[0]
+                                           prefill_chunk=flags.prefill_chunk, images=pictures)[0]
             stats = None
     except KeyboardInterrupt:
         stream.finish()
@@ -163,6 +187,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
                            "seed": sampler.seed, "drafting": drafting}}
     if compiled:
         result["compile"] = {"warm_up_seconds": compiled.seconds}
+    if pictures:
+        result["images"] = [{"path": p, "tokens": len(im.vectors)} for p, im in zip(images, pictures.rows[0])]
 
     status = 0
     if compare:
@@ -170,7 +196,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         start = time.perf_counter()
         try:
             plain = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops, cache=cache,
-                                    prefill_chunk=flags.prefill_chunk)
+                                    prefill_chunk=flags.prefill_chunk, images=pictures)
             plain_seconds = time.perf_counter() - start
             plain_rate = len(plain) / plain_seconds if plain_seconds else 0.0
             result["plain"] = {"tokens": plain, "seconds": plain_seconds, "tokens_per_second": plain_rate}
@@ -221,6 +247,10 @@ def parser() -> Parser:
     p.add_argument("--prompts-file", metavar="FILE",
                    help="text prompts, a row each (after any --prompt): one per line, or, when the file has a line "
                         "holding only ---, the blocks between such lines (they may span lines); - reads stdin")
+    p.add_argument("--image", metavar="PATH", action="append",
+                   help="an image for the prompt (PNG, JPEG, WebP, GIF, BMP; needs a multimodal target and "
+                        "pip install -e \".[images]\"); several: in order. A chat turn holds them before its text; "
+                        "with --prompt-ids one boi id marks each image's place")
     p.add_argument("--raw", action="store_true",
                    help="send --prompt to a chat model as it is, after one <bos>, without the chat template")
     p.add_argument("--compare", action="store_true",
@@ -237,7 +267,8 @@ def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
     def run() -> int:
         prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file)
         return main(flags=ModelFlags.parsed(args), prompt=prompt, prompt_ids=prompt_ids, raw=args.raw,
-                    compare=args.compare, json_output=args.json_output, batch=batch, demo_target=demo_target)
+                    compare=args.compare, json_output=args.json_output, batch=batch, demo_target=demo_target,
+                    images=args.image)
     return guarded(run)
 
 

@@ -43,8 +43,8 @@ def expand(ids: Sequence[int], sizes: Sequence[int], tokens: ImageTokens) -> lis
     """Ids where each boi marks an image's place (one boi per image, in order) -> boi, its n soft tokens, eoi."""
     places = [j for j, i in enumerate(ids) if i == tokens.boi]
     if len(places) != len(sizes):
-        raise ImageError(f"the prompt marks {len(places)} image places (boi id {tokens.boi}) for {len(sizes)} "
-                         f"images: give one boi id per image")
+        raise ImageError(f"the prompt marks {len(places)} image place(s) (boi id {tokens.boi}) for {len(sizes)} "
+                         f"image(s): give one boi id per image")
     out, last = [], 0
     for j, n in zip(places, sizes):
         out += list(ids[last:j]) + [tokens.boi] + [tokens.soft] * n + [tokens.eoi]

@@ -93,8 +93,6 @@ class Conversation:
         """`image_tokens`: the target's image ids (`Vision.tokens`), for turns with images."""
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.image_tokens = image_tokens
-        boi_eoi = {image_tokens.boi, image_tokens.eoi} if image_tokens else set()
-        self.media = set(target.config.media_token_ids) | boi_eoi  # ids a model turn keeps out of the history
         model_context = target.config.max_position_embeddings
         self.context = model_context if context is None else min(context, model_context)  # positions it may hold
         self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
@@ -215,7 +213,9 @@ class Conversation:
         # The model's turn as the template stores it: its text with its control tokens (a thought
         # is dropped when the next turn is rendered), without the stop id that closed it.
         body = tokens[:-1] if finish_reason == "stop" else tokens
-        body = [t for t in body if t not in self.media]  # a generated media id carries no image: left out
+        media = set(self.target.config.media_token_ids)
+        media |= {self.image_tokens.boi, self.image_tokens.eoi} if self.image_tokens else set()
+        body = [t for t in body if t not in media]  # a generated media id carries no image: left out of the history
         self.messages += [Message("user", user_text, len(images)), Message("model", self.tokenizer.decode(body))]
         self.images += list(images)
         self.turn += 1

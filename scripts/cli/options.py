@@ -41,10 +41,14 @@ from gemma4.generate import PromptError
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
+from gemma4.vision.processor import SOFT_TOKEN_CHOICES
+from gemma4.vision.prompt import ImageError
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
 from mtp.speculative import DRAFTING
+
+from cli.images import IMAGE_TOKENS_HELP
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -71,7 +75,7 @@ class UsageError(ValueError):
 # What a user can get wrong, each raised with a message that says what to change: the command line, a
 # checkpoint's files, a prompt the model cannot run. They subclass ValueError, so that a library caller's
 # `except ValueError` keeps working; any other ValueError is a bug, and keeps its traceback.
-USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError)
+USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError, ImageError)
 
 
 class Parser(argparse.ArgumentParser):
@@ -102,6 +106,7 @@ class ModelFlags:
     compile: bool
     reference: bool
     prefill_chunk: int | None
+    image_tokens: int | None
 
     @classmethod
     def parsed(cls, args: argparse.Namespace) -> "ModelFlags":
@@ -156,6 +161,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help=f"run a prompt (a chat turn's new text) in forwards of at most C positions: a prefill's "
                         f"memory then grows with the prompt only through the full layers' cache "
                         f"(default: {PREFILL_CHUNK})")
+    p.add_argument("--image-tokens", metavar="N", type=int, choices=SOFT_TOKEN_CHOICES, help=IMAGE_TOKENS_HELP)
     p.add_argument("--show-drafts", action="store_true",
                    help="mark the drafter's accepted tokens in the streamed text (green on a terminal, "
                         "else between ⟦ and ⟧)")
