@@ -19,7 +19,7 @@ from gemma4.generate import greedy_generate
 from gemma4.vision.loading import load_vision
 from gemma4.vision.processor import process
 from mtp import DraftLength, load_drafter, speculative_generate
-from tests.checkpoints import IMAGE_SOFT_TOKENS, picture, write_assistant, write_target
+from tests.checkpoints import IMAGE_SOFT_TOKENS, STOP_IDS, picture, write_assistant, write_target
 from tests.tf_oracle import tf_target
 from tests.tolerance import assert_fp32_parity
 
@@ -96,3 +96,28 @@ def test_speculative_equals_plain_over_an_image_prompt(shape: str, tmp_path: Pat
         spec = speculative_generate(target, drafter, ids, 12, DraftLength(3), images=images, prefill_chunk=chunk)
         assert spec.tokens == plain
     assert greedy_generate(target, ids, 12, images=images, prefill_chunk=16) == plain
+
+
+@torch.no_grad()
+def test_greedy_tokens_equal_transformers_generate(image_target, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """transformers' own `generate` with the pixels, greedy, in float64 (no near tie can flip an argmax). The 12B's
+    forward builds its masks with `create_masks_for_vision_model`, as its `create_masks_for_generate` does (both ways
+    on sliding layers only), rather than opening full layers too (module doc)."""
+    shape, path = image_target
+    if shape == "12b":
+        from transformers.models.gemma4_unified import modeling_gemma4_unified as unified
+        causal = unified.create_masks_for_generate
+
+        def sliding_only(block_sequence_ids: torch.Tensor | None = None, **kw) -> dict:  # noqa: ANN003
+            return (unified.create_masks_for_vision_model(block_sequence_ids=block_sequence_ids, **kw)
+                    if block_sequence_ids is not None else causal(**kw))
+        monkeypatch.setattr(unified, "create_masks_for_generate", sliding_only)
+    ours, vision = load_target(path, dtype=torch.float64, fast=False), load_vision(path, dtype=torch.float64)
+    vectors = [vision.encode(process(p, vision.processing)) for p in PICTURES]
+    ids, images = vision.prompt([2, 10, vision.tokens.boi, 12, 13, vision.tokens.boi, 14], vectors)
+    mine = greedy_generate(ours, ids, 16, STOP_IDS, images=images)
+    tf = tf_target(path, dtype=torch.float64)
+    x = torch.tensor([ids])
+    out = tf.generate(input_ids=x, attention_mask=torch.ones_like(x), mm_token_type_ids=(x == vision.tokens.soft).long(),
+                      max_new_tokens=16, do_sample=False, **tf_pixels(vision, PICTURES))
+    assert out[0, len(ids):].tolist() == mine
