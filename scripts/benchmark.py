@@ -303,7 +303,7 @@ if __name__ == "__main__":
     p.add_argument("--device", default="cpu", help="where the models run: cpu, cuda or cuda:N; on CUDA every time "
                    "is read from CUDA events, and what cannot run there says so under `skipped`")
     p.add_argument("--device-dir", type=Path, default=DEVICE_DIR, help="where the device section writes its four "
-                   "random bfloat16 pairs once (≈ 30.1 GB: e2b 9.4, 31b_layers 7.7, 26b_layers 8.9, 12b_layers 4.0, "
+                   "random bfloat16 pairs once (≈ 30.8 GB: e2b 9.4, 31b_layers 7.7, 26b_layers 8.9, 12b_layers 4.8, "
                    "bench.device.pair_bytes; in the temp directory instead when this one's file system lacks it)")
     p.add_argument("--device-small", action="store_true", help="the device section at tiny sizes, for a CPU")
     p.add_argument("--device-compile", action="store_true", help="the device section also tries torch.compile "

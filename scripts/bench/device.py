@@ -11,9 +11,9 @@ Four random pairs (random_pair.py), written once under `--device-dir` (/dev/shm,
   window 1024, no PLE or KV sharing; its assistant 1024 wide (MLP 8192, 32 heads) with a dense head.
 - `26b_layers`: 4 layers of 26B-A4B's: hidden 2816, 16 query heads, 8 kv heads of 256 sliding and 2 of 512
   full, K=V, dense MLP 2112 beside 128 experts of width 704, top 8; its assistant as 31B's.
-- `12b_layers`: 4 layers of the 12B's as a `gemma4_unified_text` file: hidden 3840, 8 query heads, 4 kv heads of
-  256 sliding and 512 full (no K=V), MLP 9216, window 1024, no PLE, MoE or KV sharing; its assistant
-  (`gemma4_unified_assistant`) as 31B's.
+- `12b_layers`: 4 layers of the 12B's as a `gemma4_unified_text` file: hidden 3840, 16 query heads, 8 kv heads of
+  256 sliding and 1 of 512 full, K=V full layers, MLP 15,360, window 1024, no PLE, MoE or KV sharing; its
+  assistant (`gemma4_unified_assistant`) as 31B's.
 `--device-small` shrinks them (vocabulary 512, widths 16-64) and the copy, so a CPU runs it in seconds.
 
 Every check is recorded on its own: one that raises records {"error": "Type: message"} and the rest run on.
@@ -108,10 +108,11 @@ def l12b_configs(vocab: int, small: bool) -> tuple[dict[str, Any], dict[str, Any
     if small:
         dims = dict(hidden=64, intermediate=96, heads=4, kv_heads=2, head_dim=16, window=8)
         drafter = dict(hidden=32, intermediate=64, heads=4)
-    else:  # hidden and window as released; heads, head sizes and MLP width transformers' defaults (§16)
-        dims = dict(hidden=3840, intermediate=9216, heads=8, kv_heads=4, head_dim=256, window=1024)
+    else:  # as released (gemma4/README.md §16)
+        dims = dict(hidden=3840, intermediate=15360, heads=16, kv_heads=8, head_dim=256, window=1024)
         drafter = dict(hidden=1024, intermediate=8192, heads=32)
-    target = target_config(vocab, layers=4, shared=0, ple_dim=0, double_wide=False, **dims)
+    k_eq_v = {"attention_k_eq_v": True, "num_global_key_value_heads": 1}  # one kv head of 512 on full layers
+    target = target_config(vocab, layers=4, shared=0, ple_dim=0, double_wide=False, **dims) | k_eq_v
     for key in ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block"):
         del target[key]  # the unified text model has no such fields
     target |= {"architectures": ["Gemma4UnifiedForCausalLM"], "model_type": "gemma4_unified_text",
@@ -122,6 +123,7 @@ def l12b_configs(vocab: int, small: bool) -> tuple[dict[str, Any], dict[str, Any
     for key in ("hidden_size_per_layer_input", "vocab_size_per_layer_input"):
         del assistant["text_config"][key]
     assistant["text_config"]["model_type"] = "gemma4_unified_text"
+    assistant["text_config"] |= k_eq_v
     return target, assistant
 
 

@@ -3,6 +3,7 @@
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -17,8 +18,8 @@ ROPE = {
 
 def released(name: str) -> dict:
     """The text_config of the five released targets, as gemma4/README.md §16 tabulates them (official form).
-    The 12B's file is `gemma4_unified_text`: its layers, hidden size, window and context as its model card states
-    them; heads, head sizes and MLP width are transformers 5.22.2's defaults for that type."""
+    The 12B's file is `gemma4_unified_text` (its released config; its text parameters add up to the card's count less
+    the vision and audio embedders, test_released_parameter_counts)."""
     common = {"vocab_size": 262144, "head_dim": 256, "global_head_dim": 512, "rms_norm_eps": 1e-6,
               "final_logit_softcapping": 30.0, "rope_parameters": ROPE, "model_type": "gemma4_text"}
     shapes = {
@@ -34,7 +35,8 @@ def released(name: str) -> dict:
                     enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704),
         "12b": dict(model_type="gemma4_unified_text", hidden_size=3840, num_hidden_layers=48, period=6,
                     sliding_window=1024, max_position_embeddings=262144,
-                    num_attention_heads=8, num_key_value_heads=4, intermediate_size=9216),  # transformers' defaults
+                    num_attention_heads=16, num_key_value_heads=8, num_global_key_value_heads=1, attention_k_eq_v=True,
+                    intermediate_size=15360),
         "31b": dict(hidden_size=5376, num_hidden_layers=60, period=6, num_attention_heads=32, num_key_value_heads=16,
                     num_global_key_value_heads=4, attention_k_eq_v=True, sliding_window=1024,
                     intermediate_size=21504, num_kv_shared_layers=0, hidden_size_per_layer_input=0),
@@ -68,14 +70,49 @@ def test_released_geometry() -> None:
     assert moe.rope[FULL].partial_rotary_factor == 0.25 and moe.rope[SLIDING].partial_rotary_factor == 1.0
 
 
+def test_released_12b_parameter_count() -> None:
+    """The 12B's released dimensions give the model card's 11,959,730,224 parameters: 11,907,350,320 of text, and
+    52,379,904 of image and audio embedders, of which the image side (its embedder and `embed_vision`, as
+    transformers 5.22.2 defines them at the release's sizes) is 49,922,304 (gemma4/README.md §16, §19)."""
+    from transformers.models.gemma4_unified.configuration_gemma4_unified import Gemma4UnifiedVisionConfig
+
+    from gemma4.vision import tower, unified
+    from gemma4.vision.config import vision_config
+    from gemma4.weights import target_weight_table
+    count = lambda table: sum(math.prod(shape) for shape in table.values())  # noqa: E731
+    text = count(target_weight_table(text_config_from_dict(released("12b"))))
+    assert text == 11_907_350_320
+    v = vision_config({"model_type": "gemma4_unified", "vision_config": Gemma4UnifiedVisionConfig().to_dict(),
+                       "text_config": {"hidden_size": 3840}})
+    assert (v.mm_embed_dim, v.mm_posemb_size, v.patch_size, v.pooling_kernel_size) == (3840, 1120, 16, 3)
+    image = count(unified.weight_table(v)) + count(tower.embed_weight_table(v))
+    assert image == 49_922_304 and text + 52_379_904 == 11_959_730_224
+
+
+def test_default_vision_tower_size() -> None:
+    """The ViT at transformers 5.22.2's default vision_config, as gemma4/README.md §19 states it per family."""
+    from transformers import Gemma4VisionConfig
+
+    from gemma4.vision import tower
+    from gemma4.vision.config import vision_config
+    count = lambda table: sum(math.prod(shape) for shape in table.values())  # noqa: E731
+    sizes = {}
+    for name, e in (("e2b", 1536), ("e4b", 2560), ("26b", 2816), ("31b", 5376)):
+        v = vision_config({"model_type": "gemma4", "vision_config": Gemma4VisionConfig().to_dict(),
+                           "text_config": {"hidden_size": e}})
+        assert count(tower.weight_table(v)) == 167_364_608
+        sizes[name] = round((count(tower.weight_table(v)) + count(tower.embed_weight_table(v))) / 1e6, 1)
+    assert sizes == {"e2b": 168.5, "e4b": 169.3, "26b": 169.5, "31b": 171.5}
+
+
 def test_unified_defaults() -> None:
     """A unified file that leaves a field out gets transformers' default for that type, not the other type's."""
     fields = {k: v for k, v in released("12b").items() if k not in ("sliding_window", "max_position_embeddings")}
     c = text_config_from_dict(fields)
     assert (c.sliding_window, c.max_position_embeddings) == (1024, 262144)
     assert (c.ple_dim, c.enable_moe, c.use_double_wide_mlp, c.first_shared_layer) == (0, False, False, 48)
-    assert (c.head_dims[0], c.head_dims[5], c.kv_heads[0], c.kv_heads[5]) == (256, 512, 4, 4)  # no K=V: 4 kv heads
-    assert all(c.has_v_proj(i) for i in range(48))
+    assert (c.head_dims[0], c.head_dims[5], c.kv_heads[0], c.kv_heads[5]) == (256, 512, 8, 1)  # K=V: 1 global head
+    assert c.has_v_proj(0) and not c.has_v_proj(5)
     plain = text_config_from_dict({**fields, "model_type": "gemma4_text"})
     assert (plain.sliding_window, plain.max_position_embeddings) == (512, 131072)
 
