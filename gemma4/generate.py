@@ -43,12 +43,10 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
     if bad:
         raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
     media = [i for i in prompt if i in c.media_token_ids]
-    if media and media[0] == c.image_token_id:
-        raise PromptError(f"token id {media[0]} is an image's soft token and no image fills it: give the image "
-                          f"(--image, or images= from Python) and mark its place with one boi id")
-    if media:
-        raise PromptError(f"token id {media[0]} stands for a video or audio input, which this implementation does "
-                          f"not run: remove it from the prompt")
+    if media:  # an image's soft tokens are filled by `images` (check_rows hands them over as pads), others never
+        raise PromptError(f"token id {media[0]} " + ("is an image's soft token and no image fills it: give the image "
+                          "(--image, or images=) at one boi id" if media[0] == c.image_token_id else "stands for a "
+                          "video or audio input, which this implementation does not run: remove it"))
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if len(prompt) >= c.max_position_embeddings:
