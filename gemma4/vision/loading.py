@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from gemma4.config import ConfigError
 from gemma4.config_file import read_json
 from gemma4.vision import tower, unified
 from gemma4.vision.config import ImageTokens, VisionConfig, image_tokens, vision_config
@@ -61,6 +62,11 @@ def load_vision(path: str | Path, dtype: torch.dtype = torch.float32, device: to
     if config is None:
         raise ImageError(f"{model_dir} has no vision tower (its config.json has no vision_config): images need one "
                          f"of the multimodal releases, e.g. google/gemma-4-E2B-it")
+    processing = processing_config(Path(model_dir), config.unified)
+    for field in ("patch_size", "pooling_kernel_size"):  # the tower's input is the processor's output
+        if getattr(processing, field) != getattr(config, field):
+            raise ConfigError(f"{model_dir}: the image processor's {field} is {getattr(processing, field)}, its "
+                              f"vision_config's {getattr(config, field)}: restore the release's processor config")
     if config.unified:
         parts = [(unified.UnifiedEmbedder, unified.weight_table(config), unified.UNIFIED_PREFIX)]
     else:
@@ -74,4 +80,4 @@ def load_vision(path: str | Path, dtype: torch.dtype = torch.float32, device: to
             module = cls(config)
         module.load_state_dict(state, strict=True, assign=True)
         modules.append(module.eval().requires_grad_(False))
-    return Vision(config, image_tokens(raw), processing_config(Path(model_dir), config.unified), *modules)
+    return Vision(config, image_tokens(raw), processing, *modules)

@@ -96,7 +96,7 @@ def test_chat_turns_with_images_equal_generate(files: dict[str, Path], capsys: p
 
 
 @pytest.mark.parametrize("case", ["broken", "missing", "demo", "raw", "compile", "batch", "places", "context",
-                                  "budget-alone", "budget-value", "no-pillow", "audio"])
+                                  "budget-alone", "budget-value", "no-pillow", "audio", "processor"])
 def test_refusals_are_one_line(case: str, files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture,
                                monkeypatch: pytest.MonkeyPatch) -> None:
     target, tall = str(files["target"]), str(files["tall"])
@@ -114,16 +114,21 @@ def test_refusals_are_one_line(case: str, files: dict[str, Path], tmp_path: Path
         "no-pillow": (["--image", tall], 'reading images needs Pillow: pip install -e ".[images]"'),
         "audio": (["--image", tall, "--prompt-ids", f"2,{BOI},{MEDIA_IDS['audio_token_id']}"],
                   f"token id {MEDIA_IDS['audio_token_id']} stands for a video or audio input"),
+        "processor": (["--image", tall], "the image processor's patch_size is 16, its vision_config's 4"),
     }[case]
-    if case == "context":  # a copy of the target whose context holds the text but not two images
+    if case in ("context", "processor"):  # a copy of the target with one file changed
         small = tmp_path / "small"
         small.mkdir()
         for f in files["target"].iterdir():
             (small / f.name).symlink_to(f)
-        config = json.loads((files["target"] / "config.json").read_text())
-        config["text_config"]["max_position_embeddings"] = 100
-        (small / "config.json").unlink()
-        (small / "config.json").write_text(json.dumps(config))
+        name = "config.json" if case == "context" else "preprocessor_config.json"
+        config = json.loads((files["target"] / name).read_text())
+        if case == "context":  # it holds the text but not two images
+            config["text_config"]["max_position_embeddings"] = 100
+        else:  # the release's 16 px patches for a tower made for 4 px ones
+            config["patch_size"] = 16
+        (small / name).unlink()
+        (small / name).write_text(json.dumps(config))
         target = str(small)
     if case == "no-pillow":
         monkeypatch.setitem(sys.modules, "PIL", None)  # `import PIL` raises ImportError, as without the extra
