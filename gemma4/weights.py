@@ -218,8 +218,8 @@ def read_state_dict(
             if shape != table[key]:
                 raise CheckpointError(f"tensor {name} has shape {list(shape)}, the config implies {list(table[key])}")
             tensor = _read(handle, file, name)  # a view of the mapped file: no byte is read yet
-            if key in host_keys:
-                state[key] = tensor.pin_memory() if torch.device(device).type == "cuda" else tensor
+            if key in host_keys:  # a view of the file: a step reads its rows (pinning it would lock the whole table)
+                state[key] = tensor
                 continue
             wanted = dtype if tensor.is_floating_point() else tensor.dtype
             if wanted != tensor.dtype:

@@ -174,7 +174,7 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
          e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool,
          sampling_vocab: int = FULL_VOCAB, device: str = "cpu", device_dir: Path = DEVICE_DIR,
          device_small: bool = False, device_compile: bool = False, context_small: bool = False,
-         context_before_max: int | None = None) -> dict:
+         context_before_max: int | None = None, out_dir: Path | None = None) -> dict:
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {threads} torch threads, "
                                          f"torch {torch.__version__}, float32 unless stated"}
@@ -254,7 +254,7 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
     if "device" in sections:  # scripts/bench/device.py
         say(f"device: end-to-end checks on {device}{' (small)' if device_small else ''}")
         result["device"] = device_section(device, device_dir, device_small, tokens, reps,
-                                          4 if device_small else copy_mib, device_compile, say)
+                                          4 if device_small else copy_mib, device_compile, say, out_dir)
     if "context" in sections:  # scripts/bench/context.py
         say(f"context: cache bytes, prefill peaks and decode speed{' (small)' if context_small else ''}")
         result["context"] = context_section(e2b_dir, target_dir, assistant_dir, k or assistant_k(assistant_dir),
@@ -300,8 +300,11 @@ if __name__ == "__main__":
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--sampling-vocab", type=int, default=FULL_VOCAB,
                    help="the sampling section's E2B pair's vocabulary (writing the full one takes ≈ 20 GB of memory)")
-    p.add_argument("--device", default="cpu", help="where the models run: cpu, cuda or cuda:N; on CUDA every time "
-                   "is read from CUDA events, and what cannot run there says so under `skipped`")
+    p.add_argument("--device", help="where the models run: cpu, cuda or cuda:N; on CUDA every time is read from CUDA "
+                   "events, and what cannot run there says so under `skipped` (default: cuda for the device section "
+                   "when there is one, else cpu)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="the device section writes DIR/device.json after every "
+                   "check, so a run cut off keeps each finished one")
     p.add_argument("--device-dir", type=Path, default=DEVICE_DIR, help="where the device section writes its four "
                    "random bfloat16 pairs once (≈ 30.8 GB: e2b 9.4, 31b_layers 7.7, 26b_layers 8.9, 12b_layers 4.8, "
                    "bench.device.pair_bytes; in the temp directory instead when this one's file system lacks it)")
@@ -316,12 +319,14 @@ if __name__ == "__main__":
     unknown = sorted(set(only) - set(SECTIONS + ON_REQUEST))
     if unknown:
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS + ON_REQUEST)}")
+    if a.device is None:
+        a.device = "cuda" if only == ["device"] and torch.cuda.is_available() else "cpu"
     if a.device != "cpu" and not (a.device.startswith("cuda") and torch.cuda.is_available()):
         p.error(f"--device {a.device}: {'no CUDA device here' if a.device.startswith('cuda') else 'cpu or cuda[:N]'}")
     out = main(sections=only, target_dir=a.target, assistant_dir=a.assistant, tokens=a.tokens, e2b_tokens=a.e2b_tokens,
                reps=a.reps, e2b_reps=a.e2b_reps, k=a.k, e2b_dir=a.e2b_dir, threads=a.threads, copy_mib=a.copy_mib,
                use_transformers=not a.no_transformers, sampling_vocab=a.sampling_vocab, device=a.device,
                device_dir=a.device_dir, device_small=a.device_small, device_compile=a.device_compile,
-               context_small=a.context_small, context_before_max=a.context_before_max)
+               context_small=a.context_small, context_before_max=a.context_before_max, out_dir=a.out)
     print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out) + device_table(out)
           + context_table(out) + "\n".join(schedule_lines(out.get("schedule"))))

@@ -36,7 +36,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
         UsageError, add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
-        load_target_from, refuse, sampling_line,
+        load_target_from, refuse, sampling_line, warm_up,
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
@@ -268,8 +268,7 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
         return vision[0].read(path, flags.image_tokens)
 
     session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say, read)
-    with torch.inference_mode():  # one tiny forward, so that one-time start-up costs are not charged to turn 1
-        target.model.run(torch.tensor([[BOS_ID]], device=dev))
+    warm_up(target.model, assistant)  # every step's shapes once, so one-time costs are not charged to turn 1
     lines = Lines(source, prompt)
     interrupted = False  # the last thing at the prompt was a Ctrl-C
     while True:

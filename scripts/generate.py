@@ -25,14 +25,12 @@ from pathlib import Path
 from cli.startup import quiet_interrupt
 
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
-    import torch
-
     from cli.batch import run_batch, split_prompts
     from cli.images import load_images, place
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
         add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
-        load_target_from, refuse, sampling_line,
+        load_target_from, refuse, sampling_line, warm_up,
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
@@ -156,9 +154,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     if flags.show_drafts:
         say("")
 
-    # One tiny forward first, so one-time start-up costs are not timed (nor charged to either side of --compare).
-    with torch.inference_mode():
-        target.model.run(torch.tensor([prompt_ids[:1]], device=dev))
+    # Every step's shapes once first, so one-time costs are not timed (nor charged to either side of --compare).
+    warm_up(target.model, assistant)
     stream = Stream(target.tokenizer, sinks)
     start = time.perf_counter()
     try:
@@ -182,7 +179,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     seconds = time.perf_counter() - start
     stream.finish()
     result = {"tokens": tokens, "text": stream.text(), "finish_reason": finish_reason,
-              "stats": stats_json(stats, tokens, seconds, draft_length if drafter is not None else None),
+              "stats": stats_json(stats, tokens, seconds, draft_length if drafter is not None else None,
+                                  compiled.target.eager_steps if compiled else None),
               "sampling": {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
                            "seed": sampler.seed, "drafting": drafting}}
     if compiled:

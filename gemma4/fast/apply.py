@@ -102,7 +102,17 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
             _swap(model, name, FastRMSNorm(module))
     if next(model.parameters()).device.type != "cpu":
         gather_experts(model)  # MoE: a host read a layer would stall the device (gemma4/fast/experts.py)
+    if next(model.parameters()).device.type == "cuda":
+        choose_attention()
     return list(choices.values())
+
+
+def choose_attention(cudnn: bool = False) -> None:
+    """CUDA: attention by the flash, memory-efficient or math kernels, not cuDNN's, unless `cudnn`. Recent torch
+    tries cuDNN's scaled-dot-product attention first on H100/H200, and it builds one graph per key length: the
+    sliding layers and the drafter read a new key length every step until the window fills. A process-wide switch
+    (`torch.backends.cuda.enable_cudnn_sdp`), set when a model is made fast on CUDA; the device check times both."""
+    torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
 def products(model: nn.Module) -> list[Product]:

@@ -51,16 +51,26 @@ if TYPE_CHECKING:  # gemma4 never imports mtp at run time: the drafter is only n
     from mtp.drafter import Drafter
 
 GRAPHS = 64  # graphs one step function may hold: a row count each (Dynamo's own limit is 8)
+# Key lengths a step reads are multiples of this: the efficient attention kernel (the only fused one for head size 512)
+# may refuse, under inductor, a key length that is not a multiple of 8. The extra slots are never written: the
+# masks hide them, as they hide every slot past a query's position.
+ALIGN = 64
+
+
+def aligned(n: int, align: int = ALIGN) -> int:
+    return -(-n // align) * align
 
 
 class StaticKVCache(KVCache):
     """A KVCache whose buffers hold all their slots from the start (every position on full layers, the ring on
     sliding ones), written at device positions. `length` stays the loop's int: the loop owns the position and
-    rolls back by setting it."""
+    rolls back by setting it. Both sizes are rounded up to a multiple of `align` slots (the run's context, where
+    the loops stop, is StaticTarget's; align=1 keeps them as given, as the tests of small rings do)."""
 
     def __init__(self, config: TextConfig, capacity: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", slack: int = ring_slack(PREFILL_CHUNK)) -> None:
-        super().__init__(config, capacity, batch=1, dtype=dtype, device=device, slack=slack)
+                 device: torch.device | str = "cpu", slack: int = ring_slack(PREFILL_CHUNK), align: int = ALIGN) -> None:
+        slack = aligned(config.sliding_window + slack, align) - config.sliding_window  # the ring: W + slack slots
+        super().__init__(config, aligned(capacity, align), batch=1, dtype=dtype, device=device, slack=slack)
         for buffers in (self.keys, self.values):
             for buffer in buffers.values():
                 torch._dynamo.mark_static_address(buffer)  # CUDA graphs write it in place, never copy it in
@@ -204,6 +214,7 @@ class StaticTarget:
                              "prepare_to_compile(model, model.embed_tokens.weight, max(compiled_rows)) first")
         self.step = compiled(self.forward, self.device) if compiled_rows else self.forward
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # T -> arange, positions, ids
+        self.eager_steps = 0  # decode and verify steps that ran uncompiled: a row count outside compiled_rows
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> (B, T, E): Gemma4Model.embed, its scale a float made once."""
@@ -250,6 +261,7 @@ class StaticTarget:
         if num_logits is None and t in self.compiled_rows:
             logits, hidden = call(self.step, self.cudagraphs, *args, t)
         else:
+            self.eager_steps += num_logits is None and bool(self.compiled_rows)
             logits, hidden = self.forward(*args, t if num_logits is None else num_logits)
         kv = {kind: cache.read(c.kv_source(kind), start_pos + t) for kind in self.freqs}
         return ModelOutput(logits, hidden, kv)

@@ -33,6 +33,7 @@ static-shape decode step of `--compile` (gemma4/fast/static.py; CUDA graphs on C
 """
 
 import gc
+import json
 import shutil
 import tempfile
 import time
@@ -147,18 +148,35 @@ def error_text(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
 
 
-def attempt(out: dict[str, Any], name: str, check: Callable[[], Any]) -> None:
-    """out[name] = check(), or {"error": ...} if it raised: one failed check never stops the others. The seconds
-    each check took go to out["seconds"], to size the run."""
+def attempt(out: dict[str, Any], name: str, check: Callable[[], Any], save: Callable[[], None] | None = None) -> None:
+    """out[name] = check(), or {"error": ...} if it raised (added to what a check filled in place, if it did): one
+    failed check never stops the others. The seconds each check took go to out["seconds"], to size the run.
+    `save` (--out) is called after every check, so a run cut off keeps every finished one."""
     start = time.perf_counter()
     try:
         out[name] = check()
     except Exception as e:  # noqa: BLE001 (any failure is a finding to record, not a reason to stop)
-        out[name] = {"error": error_text(e)}
+        partial = out.get(name)
+        out[name] = (partial if isinstance(partial, dict) else {}) | {"error": error_text(e)}
         traceback.print_exc()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # an out-of-memory error leaves its blocks cached
     out.setdefault("seconds", {})[name] = time.perf_counter() - start
+    if save is not None:
+        save()
+
+
+def saver(result: dict[str, Any], out_dir: Path | None) -> Callable[[], None] | None:
+    """--out DIR: write `result` to DIR/device.json, whole, by a rename (a reader never sees half a file)."""
+    if out_dir is None:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        part = out_dir / "device.json.part"
+        part.write_text(json.dumps(result, indent=1, default=str))
+        part.replace(out_dir / "device.json")
+    return save
 
 
 def memory(device: torch.device) -> dict[str, int] | None:
@@ -199,9 +217,11 @@ def keyed_bits_check(device: torch.device, vocab: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- per pair
 
 
-def pair_checks(name: str, t_dir: Path, a_dir: Path, device: torch.device, clock: Clock, copy: dict[str, Any],
-                tokens: int, reps: int, compile_step: bool, parity: bool, moe: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {"target": str(t_dir), "assistant": str(a_dir)}
+def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device: torch.device, clock: Clock,
+                copy: dict[str, Any], tokens: int, reps: int, compile_step: bool, parity: bool, moe: bool = False,
+                save: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Every check of one pair, recorded into `out` (the section's entry for it) as each ends."""
+    out |= {"target": str(t_dir), "assistant": str(a_dir)}
     prompt = random_prompt(t_dir, 16)
     models: dict[str, Any] = {}
     logits: dict[str, torch.Tensor] = {}  # the first forward's, for `parity`
@@ -304,16 +324,16 @@ def pair_checks(name: str, t_dir: Path, a_dir: Path, device: torch.device, clock
         result["gathered_modules"] = sum(isinstance(layer.experts, GatheredExperts) for layer in layers)
         return result
 
-    attempt(out, "load", load)
-    attempt(out, "decode", decode)
-    attempt(out, "costs", lambda: cost_section(*pair(BF16), prompt, reps, clock))
-    attempt(out, "syncs", lambda: per_step(*pair(BF16), prompt, tokens, K, device))
+    attempt(out, "load", load, save)
+    attempt(out, "decode", decode, save)
+    attempt(out, "costs", lambda: cost_section(*pair(BF16), prompt, reps, clock), save)
+    attempt(out, "syncs", lambda: per_step(*pair(BF16), prompt, tokens, K, device), save)
     if moe:
-        attempt(out, "experts", experts)
+        attempt(out, "experts", experts, save)
     if parity:
-        attempt(out, "parity", lambda: transformers_logits(t_dir, prompt, device, logits))
+        attempt(out, "parity", lambda: transformers_logits(t_dir, prompt, device, logits), save)
     models.pop(BF16, None)  # freed before the float32 pair loads
-    attempt(out, "equal", equal)
+    attempt(out, "equal", equal, save)
     if parity and isinstance(out["parity"], dict) and "theirs" in logits:
         out["parity"] |= {name: float((logits[a] - logits["f32"]).abs().max()) if "f32" in logits else None
                           for name, a in (("ours_vs_f32", "ours"), ("theirs_vs_f32", "theirs"))}
@@ -347,7 +367,7 @@ def transformers_logits(t_dir: Path, prompt: list[int], device: torch.device, lo
 
 
 def device_section(device: str, root: Path, small: bool, tokens: int, reps: int, copy_mib: int,
-                   compile_step: bool, say: Callable[..., None]) -> dict[str, Any]:
+                   compile_step: bool, say: Callable[..., None], out_dir: Path | None = None) -> dict[str, Any]:
     dev = torch.device(device)
     clock = Clock(dev)
     vocab = 512 if small else FULL_VOCAB
@@ -355,6 +375,7 @@ def device_section(device: str, root: Path, small: bool, tokens: int, reps: int,
              "26b_layers": l26b_configs(vocab, small), "12b_layers": l12b_configs(vocab, small)}
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
                            "torch": torch.__version__, "small": small, "vocab": vocab, "tokens": tokens, "reps": reps}
+    save = saver(out, out_dir)
     need = sum(pair_bytes(*configs, BF16) for configs in pairs.values())
     size = "small" if small else "full"  # a small run never overwrites the full pairs
     written = (root / size / "26b_layers" / "pair.json").is_file()  # reused as it is, if its config is the same
@@ -369,16 +390,17 @@ def device_section(device: str, root: Path, small: bool, tokens: int, reps: int,
     for name, configs in pairs.items():
         say(f"device: writing or reusing the {name} pair under {root / name}")
         attempt(out, f"write_{name}", lambda name=name, configs=configs: [
-            str(d) for d in dirs.setdefault(name, write_pair(root / name, *configs, BF16))])
+            str(d) for d in dirs.setdefault(name, write_pair(root / name, *configs, BF16))], save)
     say(f"device: copy bandwidth and keyed bits on {dev}")
-    attempt(out, "copy", lambda: copy_check(dev, copy_mib, max(reps, 5), clock))
-    attempt(out, "keyed_bits", lambda: keyed_bits_check(dev, vocab))
+    attempt(out, "copy", lambda: copy_check(dev, copy_mib, max(reps, 5), clock), save)
+    attempt(out, "keyed_bits", lambda: keyed_bits_check(dev, vocab), save)
     copy = out["copy"]
     for name, (t_dir, a_dir) in dirs.items():
         say(f"device: the {name} pair on {dev}")
+        out[name] = {}  # filled check by check: what --out writes holds every finished one
         attempt(out, name, lambda t_dir=t_dir, a_dir=a_dir, name=name: pair_checks(
-            name, t_dir, a_dir, dev, clock, copy, tokens, reps, compile_step, parity=name == "e2b",
-            moe=name == "26b_layers"))
+            out[name], name, t_dir, a_dir, dev, clock, copy, tokens, reps, compile_step, parity=name == "e2b",
+            moe=name == "26b_layers", save=save), save)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out

@@ -32,7 +32,7 @@ from typing import NoReturn
 
 import torch
 
-from gemma4.cache import PREFILL_CHUNK, ring_slack
+from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.extras.memory import cache_bytes
 from gemma4.config import ConfigError
 from gemma4.config_file import read_json
@@ -40,13 +40,13 @@ from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepa
 from gemma4.generate import PromptError
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
-from gemma4.tokenizer import Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
+from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES
 from gemma4.vision.prompt import ImageError
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
-from mtp.speculative import DRAFTING
+from mtp.speculative import DRAFTING, target_kv
 
 from cli.images import IMAGE_TOKENS_HELP
 
@@ -375,14 +375,22 @@ class Compiled:
     seconds: float  # the warm-up: every step compiled (and recorded, on CUDA) before the run
 
 
+def verify_rows(length: DraftLength) -> tuple[int, ...]:
+    """The row counts of every step a schedule may run: 1 (a decode, a K = 0 round) and K + 1 for each K it may
+    choose, the rounds the budget cuts short included. `auto` chooses in 0..max_k; `heuristic` grows without
+    bound, so it gets 1..max(MAX_K, initial) and a round past that runs its step eagerly (`eager_rounds`)."""
+    most = length.max_k if length.schedule == "auto" else (
+        length.initial if length.schedule == "constant" else max(MAX_K, length.initial))
+    return tuple(range(1, most + 2))
+
+
 def compile_steps(target: Target, assistant: Assistant | None, capacity: int, say: Callable[[str], None],
                   prefill_chunk: int | None = None) -> Compiled:
     """Wrap the loaded pair, size the static cache to `capacity` positions (its sliding rings to the prefill's
-    chunks), compile the steps the run takes: a decode (1 row) and, with an assistant, a verify of its K + 1 rows
-    and the draft step."""
+    chunks), compile the steps the run takes: a decode (1 row) and, with an assistant, a verify of every row
+    count its schedule may choose (`verify_rows`) and the draft step, all before the run."""
     model = target.model
-    k = assistant.draft_length.initial if assistant is not None else 0
-    rows = tuple(t for t in (1, k + 1) if t <= capacity) if k else (1,)  # a verify never runs past the budget
+    rows = tuple(t for t in verify_rows(assistant.draft_length) if t <= capacity) if assistant else (1,)
     start = time.perf_counter()
     prepare_to_compile(model, model.embed_tokens.weight, max(rows))  # in place: this run only compiles from here
     static = StaticTarget(model, compiled_rows=rows, context=capacity)  # the loops stop where the cache ends
@@ -397,10 +405,27 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
     if drafter is not None:
         drafter.warm_up(static, cache)
     seconds = time.perf_counter() - start
-    steps = " and ".join([f"{'verify' if t > 1 else 'decode'} ({t} row{'s' if t > 1 else ''})" for t in rows])
+    verifies = f" and verify ({rows[1]}{f'-{rows[-1]}' if len(rows) > 2 else ''} rows)" if len(rows) > 1 else ""
+    steps = f"decode (1 row){verifies}"
     say(f"compile    {steps}{', draft' if drafter else ''} steps in {seconds:.1f} s (torch.compile"
         f"{', CUDA graphs' if static.cudagraphs else ''}); a static cache of {capacity} positions")
     return Compiled(static, drafter, cache, seconds)
+
+
+@torch.inference_mode()
+def warm_up(model: Gemma4Model, assistant: Assistant | None) -> None:
+    """One-time costs paid before any clock starts: a forward of every row count the run may take (1, and K + 1 for
+    each K its schedule may choose: kernels and buffers are made per shape on first use) and a draft step, on a
+    scratch cache. Timed runs, and both sides of --compare, then pay for their work alone."""
+    rows = verify_rows(assistant.draft_length) if assistant else (1,)
+    w = model.embed_tokens.weight
+    cache = KVCache(model.config, max(rows), dtype=w.dtype, device=w.device, slack=ring_slack(max(rows)))
+    for t in rows:
+        out = model.run(torch.full((1, t), BOS_ID), cache, 0)
+    if assistant is not None:
+        cache.length = max(rows)
+        assistant.drafter.propose(model, [BOS_ID], out.hidden[:, -1], [max(rows)], target_kv(cache, model, max(rows)),
+                                  1)
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -6,9 +6,10 @@ from mtp.schedule import DraftLength
 
 
 def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
-               draft_length: DraftLength | None = None) -> dict:
+               draft_length: DraftLength | None = None, eager_rounds: int | None = None) -> dict:
     """The `stats` object; plain decoding runs one target forward per token and drafts nothing. With the
-    schedule, what it learned (`auto`: its estimates of acceptance and of a round's seconds)."""
+    schedule, what it learned (`auto`: its estimates of acceptance and of a round's seconds). `eager_rounds`
+    (--compile): the rounds (plain decoding: the tokens) whose step ran uncompiled; None without --compile."""
     forwards = stats.target_forwards if stats else len(tokens)
     out = {
         "target_forwards": forwards,
@@ -22,6 +23,7 @@ def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
         if stats else [],
         "draft_lengths": {str(k): n for k, n in stats.k_histogram.items()} if stats else {},
         "seconds_at_k0": stats.seconds_at_zero if stats else 0.0,
+        "eager_rounds": eager_rounds,
     }
     if draft_length is not None:
         out["schedule"] = {"name": draft_length.schedule,
@@ -46,6 +48,8 @@ def stats_text(result: dict, stats: SpecStats | None) -> str:
             lines.append(f"auto's estimates     {estimates_line(s['schedule']['estimates'])}")
     else:
         lines.append(f"target forwards      {s['target_forwards']} (one per token)")
+    if s.get("eager_rounds") is not None:
+        lines.append(f"eager rounds         {s['eager_rounds']} (--compile: steps of a row count not compiled)")
     lines.append(f"time                 {s['seconds']:.2f} s, {s['tokens_per_second']:.1f} tokens/s")
     if "plain" in result:
         p = result["plain"]

@@ -129,8 +129,10 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
     figures, none an error; float32 speculative decoding equals plain, greedy and keyed sampling."""
     result = benchmark.main(sections=["device"], target_dir=tmp_path, assistant_dir=tmp_path, tokens=8, e2b_tokens=4,
                             reps=2, e2b_reps=1, k=None, e2b_dir=tmp_path, threads=1, copy_mib=4,
-                            use_transformers=True, device="cpu", device_dir=tmp_path / "device", device_small=True)
+                            use_transformers=True, device="cpu", device_dir=tmp_path / "device", device_small=True,
+                            out_dir=tmp_path / "out")
     d = json.loads(json.dumps(result))["device"]
+    assert json.loads((tmp_path / "out" / "device.json").read_text()) == d  # --out: the last write is the whole
     assert d["small"] is True and d["vocab"] == 512 and d["written_under"] == str(tmp_path / "device" / "small")
     assert d["copy"]["bytes_per_s"] > 0 and d["keyed_bits"]["equal"] is True and d["keyed_bits"]["cases"] == 36
     pairs = ("e2b", "31b_layers", "26b_layers", "12b_layers")
@@ -160,6 +162,23 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
     assert target.config.attention_k_eq_v and target.config.kv_heads == (2, 2, 2, 1)  # 31B's geometry, tiny
     printed = benchmark.device_table(result)
     assert "== device: cpu" in printed and "ERROR" not in printed and "speculative == plain greedy True" in printed
+
+
+def test_out_keeps_every_finished_check(tmp_path: Path) -> None:
+    """--out writes after every check: a pair cut off by an error keeps the checks it finished, and the error."""
+    result: dict = {}
+    save = device.saver(result, tmp_path)
+    device.attempt(result, "copy", lambda: {"bytes_per_s": 1.0}, save)
+    assert json.loads((tmp_path / "device.json").read_text())["copy"] == {"bytes_per_s": 1.0}
+    result["e2b"] = {}
+
+    def pair() -> dict:
+        device.attempt(result["e2b"], "load", lambda: {"seconds": 2.0}, save)
+        raise RuntimeError("cut off")
+    device.attempt(result, "e2b", pair, save)
+    saved = json.loads((tmp_path / "device.json").read_text())
+    assert saved["e2b"]["load"] == {"seconds": 2.0} and saved["e2b"]["error"] == "RuntimeError: cut off"
+    assert not (tmp_path / "device.json.part").exists()
 
 
 def test_context_section_small(pair: tuple[Path, Path], tmp_path: Path) -> None:

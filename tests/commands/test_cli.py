@@ -81,7 +81,8 @@ def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
     assert isinstance(result["text"], str)
     assert result["finish_reason"] == ("stop" if tokens[-1] in STOP_IDS else "length")
     assert set(stats) == {"target_forwards", "drafted", "accepted", "acceptance_rate", "tokens_per_forward",
-                          "seconds", "tokens_per_second", "rounds", "draft_lengths", "seconds_at_k0", "schedule"}
+                          "seconds", "tokens_per_second", "rounds", "draft_lengths", "seconds_at_k0", "eager_rounds",
+                          "schedule"}
     assert stats["draft_lengths"] == {str(k): n for k, n in Counter(len(r["drafted"]) for r in stats["rounds"]).items()}
     assert stats["schedule"] == {"name": "constant", "estimates": None}
     assert stats["drafted"] == sum(len(r["drafted"]) for r in stats["rounds"]) > 0

@@ -307,7 +307,7 @@ def test_static_steps_on_a_small_ring(models) -> None:  # noqa: ANN001
     target, drafter = models["e2b", "echo"]
     expected = plain(target, PROMPT, NEW, decoder=reference_greedy)
     st, sd = StaticTarget(target), StaticDrafter(drafter)
-    cache = StaticKVCache(target.config, len(PROMPT) + NEW, slack=SLACK)
+    cache = StaticKVCache(target.config, len(PROMPT) + NEW, slack=SLACK, align=1)
     assert cache.ring == W + SLACK
     assert sample_generate(st, PROMPT, NEW, GREEDY, cache=cache) == expected
     result = speculative_generate(st, sd, PROMPT, NEW, DraftLength(4), cache=cache)

@@ -21,6 +21,7 @@ import torch
 
 import generate  # scripts/generate.py (pyproject.toml puts scripts/ on pytest's path)
 from gemma4 import Gemma4Tokenizer, KVCache, SamplerConfig, greedy_generate, load_target, sample_generate
+from gemma4.config import FULL
 from gemma4.fast import make_fast, products
 from gemma4.fast.kernels import ONEDNN
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
@@ -102,9 +103,26 @@ def test_a_static_target_stops_at_its_context(models) -> None:  # noqa: ANN001
     assert spec.tokens == greedy_generate(target, ids, N)[:6] and spec.finish_reason == "length"
 
 
+def test_capacities_are_aligned(models) -> None:  # noqa: ANN001
+    """Full layers' slots and the ring round up to a multiple of 64 (key lengths the fused attention kernels take);
+    the run still stops at the context asked for, and its tokens are the unaligned cache's."""
+    target, drafter = models["e2b", "echo"]
+    cache = StaticKVCache(target.config, 1001, slack=5)
+    full = target.config.layer_types.index(FULL)
+    assert cache.capacity == 1024 and cache.keys[full].shape[2] == 1024 and cache.ring == 64
+    ids = prompt("long")
+    context = len(ids) + N  # not a multiple of 64
+    st = StaticTarget(target, context=context)
+    aligned = StaticKVCache(target.config, context)
+    assert aligned.capacity % 64 == 0 and aligned.capacity > context
+    expected = greedy_generate(target, ids, N)
+    assert sample_generate(st, ids, N + 5, SamplerConfig(0.0), cache=aligned) == expected  # cut at the context
+    assert speculative_generate(st, StaticDrafter(drafter), ids, N, DraftLength(4), cache=aligned).tokens == expected
+
+
 def test_the_cache_writes_at_device_positions_and_reads_whole_buffers(models) -> None:  # noqa: ANN001
     target, _ = models["e2b", "echo"]
-    cache = StaticKVCache(target.config, 16)
+    cache = StaticKVCache(target.config, 16, align=1)
     k, v = torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16)  # (B, K, T, D)
     keys, values = cache.write(0, cache.slots(torch.tensor([4, 5, 6])), k, v)  # layer 0: a full layer
     assert keys.shape == (1, 1, 16, 16) and keys.data_ptr() == cache.keys[0].data_ptr()
@@ -183,3 +201,29 @@ def test_compiled_equals_eager(models, shape: str) -> None:  # noqa: ANN001
 def test_compile_takes_one_prompt(capsys: pytest.CaptureFixture) -> None:
     assert generate.cli(["--compile", "--prompt", "a", "--prompt", "b"]) == 2
     assert "--compile runs one prompt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule", ["auto", "heuristic", "constant"])
+def test_every_k_the_schedule_may_choose_is_compiled(models, schedule: str) -> None:  # noqa: ANN001
+    """--compile compiles a step for every row count its schedule may choose (`verify_rows`), so under `auto` no
+    round runs an uncompiled step (`eager_steps`, the `eager_rounds` of --json). The steps here are routed as
+    compiled but left uncompiled: whether a row count reaches the compiled step is what is checked (compiling
+    itself is test_compiled_equals_eager's). The rows of the starting K alone, as before, leave rounds eager."""
+    from cli.options import verify_rows  # scripts/cli/options.py
+    target, drafter = models["dense", "echo"]
+    ids, n = prompt("long"), 40
+    fixed = {"costs": lambda k: 1.0 + 0.05 * (k - 1), "draft_cost": 0.05} if schedule == "auto" else {}
+    rows = verify_rows(DraftLength(4, schedule, **fixed))
+    assert rows == {"auto": tuple(range(1, 10)), "heuristic": tuple(range(1, 10)), "constant": (1, 2, 3, 4, 5)}[schedule]
+    expected = greedy_generate(target, ids, n)
+    for compiled_rows in (rows, (1, 5)):
+        st, sd, cache = static(target, drafter, n, compiled_rows=compiled_rows)
+        st.step = st.forward  # the routing, not the compiler
+        spec = speculative_generate(st, sd, ids, n, DraftLength(4, schedule, **fixed), cache=cache)
+        assert spec.tokens == expected
+        chosen = {len(r.drafted) + 1 for r in spec.stats.rounds}
+        assert st.eager_steps == sum(len(r.drafted) + 1 not in compiled_rows for r in spec.stats.rounds)
+        if compiled_rows == rows:
+            assert st.eager_steps == 0 and chosen <= set(rows)
+        elif schedule != "constant":
+            assert st.eager_steps > 0 and len(chosen) > 2  # K moved off the starting 4
