@@ -35,6 +35,8 @@ static-shape decode step of `--compile` (gemma4/fast/static.py; CUDA graphs on C
 import gc
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -51,6 +53,7 @@ from bench.syncs import SAMPLED, per_step
 from bench.timing import Clock, interleaved, prefilled
 from gemma4 import greedy_generate, load_target, sample_generate
 from gemma4.config_file import text_config_from_dict
+from gemma4.fast.apply import choose_attention
 from gemma4.fast.experts import GatheredExperts, gather_experts
 from gemma4.fast.modules import adopt
 from gemma4.fast.static import StaticKVCache, StaticTarget, prepare_to_compile
@@ -202,6 +205,46 @@ def copy_check(device: torch.device, mib: int, reps: int, clock: Clock) -> dict[
             "median_bytes_per_s": 2 * src.nbytes / sorted(s["copy"])[len(s["copy"]) // 2]}
 
 
+def attention_check(device: torch.device, small: bool, reps: int, clock: Clock) -> dict[str, Any]:
+    """Which scaled-dot-product attention kernel runs each call the models make, and its seconds: per head size
+    (256 sliding, 512 full), query rows (1 decode, 5 a verify of K = 4) and mask (none, or the additive mask the
+    loops pass), each backend forced alone (an error says it refuses the call) and the default's choice with the
+    switches as loaded (`choose_attention`: cuDNN off on CUDA). bfloat16 on CUDA, float32 elsewhere."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dtype = BF16 if device.type == "cuda" else F32
+    keys, heads = (40, 2) if small else (1000, 8)  # a key length no power of two, as a sliding ring's or a prefix
+    out: dict[str, Any] = {"keys": keys, "heads": heads, "dtype": str(dtype).removeprefix("torch."),
+                           "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled()}
+    for d in ((16, 32) if small else (256, 512)):
+        for rows in (1, 5):
+            for masked in (False, True):
+                q = torch.randn(1, heads, rows, d, device=device, dtype=dtype)
+                k, v = (torch.randn(1, heads // 2, keys, d, device=device, dtype=dtype) for _ in range(2))
+                mask = torch.zeros(rows, keys, device=device, dtype=dtype) if masked else None
+                case: dict[str, Any] = {}
+
+                def attend(q=q, k=k, v=v, mask=mask):  # noqa: ANN001, ANN202 (this case's tensors)
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0,
+                                                                            enable_gqa=True)
+                for name, backends in (("default", None), ("flash", [SDPBackend.FLASH_ATTENTION]),
+                                       ("efficient", [SDPBackend.EFFICIENT_ATTENTION]),
+                                       ("cudnn", [SDPBackend.CUDNN_ATTENTION]), ("math", [SDPBackend.MATH])):
+                    try:
+                        if backends is None:
+                            seconds, _ = interleaved({"a": attend}, reps, {"a": attend}, clock)
+                        else:
+                            with sdpa_kernel(backends):
+                                seconds, _ = interleaved({"a": attend}, reps, {"a": attend}, clock)
+                        case[name] = sorted(seconds["a"])[len(seconds["a"]) // 2]
+                    except RuntimeError as e:  # the backend refuses this call
+                        case[name] = {"error": error_text(e)}
+                timed = {n: t for n, t in case.items() if n != "default" and isinstance(t, float)}
+                if isinstance(case["default"], float) and timed:  # the forced backend whose time the default's is
+                    case["default_is_like"] = min(timed, key=lambda n: abs(timed[n] - case["default"]))
+                out[f"d{d}_rows{rows}_{'mask' if masked else 'nomask'}"] = case
+    return out
+
+
 def keyed_bits_check(device: torch.device, vocab: int) -> dict[str, Any]:
     """The 64 noise bits of every token at a few (seed, stream, position), on the device and on the CPU."""
     ids = torch.arange(vocab)
@@ -215,6 +258,39 @@ def keyed_bits_check(device: torch.device, vocab: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- per pair
+
+
+class AlwaysRight:
+    """A drafter that is always right: it runs the real drafter's step (so a round costs what it costs) and proposes
+    the plain greedy continuation instead, known beforehand. Real round timing at full acceptance."""
+
+    def __init__(self, drafter: Any, sequence: list[int]) -> None:
+        self.drafter, self.config, self.sequence = drafter, drafter.config, sequence  # prompt + plain continuation
+
+    def propose(self, target: Any, tokens: list[int], hidden: torch.Tensor, t: list[int], shared_kv: Any, k: int,
+                samplers: Any = None) -> tuple[torch.Tensor, None]:
+        drafts, _ = self.drafter.propose(target, tokens, hidden, t, shared_kv, k)  # (B, k), the cost of drafting
+        right = [self.sequence[p + 1:p + 1 + k] for p in t]  # the tokens at positions t+1..t+k
+        right = [r + [0] * (k - len(r)) for r in right]  # past the known run: anything (the budget ends first)
+        return torch.tensor(right, device=drafts.device), None
+
+
+def generate_command(t_dir: Path, a_dir: Path, prompt: list[int], tokens: int, device: torch.device,
+                     compile: bool) -> dict[str, Any]:
+    """scripts/generate.py end to end, as a user runs it (a process of its own): its --json, and its wall time."""
+    args = [sys.executable, str(Path(__file__).resolve().parent.parent / "generate.py"), "--target", str(t_dir),
+            "--assistant", str(a_dir), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", str(tokens),
+            "--temperature", "0", "--device", str(device), "--compare", "--json"] + (["--compile"] if compile else [])
+    start = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=1200)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:] or ['']}"[:300])
+    r = json.loads(done.stdout)
+    return {"wall_seconds": wall, "tokens_per_s": r["stats"]["tokens_per_second"], "identical": r["identical"],
+            "plain_tokens_per_s": r["plain"]["tokens_per_second"], "speedup": r["speedup"],
+            "acceptance_rate": r["stats"]["acceptance_rate"], "eager_rounds": r["stats"]["eager_rounds"],
+            "warm_up_seconds": (r.get("compile") or {}).get("warm_up_seconds")}
 
 
 def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device: torch.device, clock: Clock,
@@ -299,6 +375,38 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
                 "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "highest": no TF32
                 "sampled_acceptance_rate": spec_sampled.stats.acceptance_rate}
 
+    def full_acceptance() -> dict[str, Any]:
+        """Rounds of K = 1..8 drafts all kept (AlwaysRight), against plain decoding, in bfloat16: what each K is
+        worth when the drafter is right, on this device."""
+        target, drafter = pair(BF16)
+        plain = greedy_generate(target, prompt, tokens)
+        right = AlwaysRight(drafter, prompt + plain)
+        runs = {"plain": lambda: greedy_generate(target, prompt, tokens)}
+        runs |= {f"K={k}": lambda k=k: speculative_generate(target, right, prompt, tokens, DraftLength(k)).tokens
+                 for k in range(1, 9)}
+        seconds, outputs = interleaved(runs, reps, runs, clock)
+        rate = {name: tokens / sorted(s)[len(s) // 2] for name, s in seconds.items()}
+        kept = speculative_generate(target, right, prompt, tokens, DraftLength(K)).stats.acceptance_rate
+        return {"tokens_per_s": rate, "identical": all(o == plain for r in outputs.values() for o in r),
+                "acceptance_rate": kept, "over_plain": {name: r / rate["plain"] for name, r in rate.items()
+                                                        if name != "plain"}}
+
+    def cudnn() -> dict[str, Any]:
+        """Speculative and plain decoding with cuDNN's attention allowed and not (choose_attention)."""
+        target, drafter = pair(BF16)
+        result: dict[str, Any] = {}
+        try:
+            for on in (False, True):
+                choose_attention(on)
+                runs = {"plain": lambda: greedy_generate(target, prompt, tokens),
+                        "speculative": lambda: speculative_generate(target, drafter, prompt, tokens, DraftLength(K)).tokens}
+                seconds, outputs = interleaved(runs, reps, runs, clock)
+                result["on" if on else "off"] = {name: tokens / sorted(s)[len(s) // 2] for name, s in seconds.items()}
+                result[f"identical_{'on' if on else 'off'}"] = outputs["plain"][0] == outputs["speculative"][0]
+        finally:
+            choose_attention(False)  # as loaded
+        return result
+
     def experts() -> dict[str, Any]:
         """Seconds of a decode step and a verify of K + 1 rows, and host reads a plain step, experts gathered
         (as loaded off the CPU) and looped (as on a CPU)."""
@@ -332,8 +440,16 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         attempt(out, "experts", experts, save)
     if parity:
         attempt(out, "parity", lambda: transformers_logits(t_dir, prompt, device, logits), save)
+    if parity:  # the e2b pair: the rounds at full acceptance, cuDNN's attention on and off (bfloat16)
+        attempt(out, "full_acceptance", full_acceptance, save)
+        attempt(out, "cudnn", cudnn, save)
     models.pop(BF16, None)  # freed before the float32 pair loads
     attempt(out, "equal", equal, save)
+    if parity:  # and the command end to end, in a process of its own
+        attempt(out, "generate", lambda: generate_command(t_dir, a_dir, prompt, tokens, device, False), save)
+        if compile_step:
+            attempt(out, "generate_compile", lambda: generate_command(t_dir, a_dir, prompt, tokens, device, True),
+                    save)
     if parity and isinstance(out["parity"], dict) and "theirs" in logits:
         out["parity"] |= {name: float((logits[a] - logits["f32"]).abs().max()) if "f32" in logits else None
                           for name, a in (("ours_vs_f32", "ours"), ("theirs_vs_f32", "theirs"))}
@@ -376,24 +492,37 @@ def device_section(device: str, root: Path, small: bool, tokens: int, reps: int,
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
                            "torch": torch.__version__, "small": small, "vocab": vocab, "tokens": tokens, "reps": reps}
     save = saver(out, out_dir)
-    need = sum(pair_bytes(*configs, BF16) for configs in pairs.values())
     size = "small" if small else "full"  # a small run never overwrites the full pairs
-    written = (root / size / "26b_layers" / "pair.json").is_file()  # reused as it is, if its config is the same
-    existing = next(p for p in (root, *root.parents) if p.exists())  # /dev/shm may be missing, or only 64 MB
-    if not written and shutil.disk_usage(existing).free < need:
-        fallback = Path(tempfile.gettempdir()) / "gemma4-mtp-device"
-        say(f"device: {existing} has less than {need / 1e9:.2f} GB free: writing under {fallback}")
+    sizes = {name: pair_bytes(*configs, BF16) for name, configs in pairs.items()}
+
+    def to_write(base: Path) -> dict[str, int]:  # the pairs not written there yet (reused as they are)
+        return {name: n for name, n in sizes.items() if not (base / size / name / "pair.json").is_file()}
+
+    def free(base: Path) -> int:
+        return shutil.disk_usage(next(p for p in (base, *base.parents) if p.exists())).free  # /dev/shm may be missing
+    fallback = Path(tempfile.gettempdir()) / "gemma4-mtp-device"
+    if sum(to_write(root).values()) > free(root) and free(fallback) - sum(to_write(fallback).values()) > \
+            free(root) - sum(to_write(root).values()):
+        say(f"device: {root} has less than {sum(to_write(root).values()) / 1e9:.2f} GB free: writing under {fallback}")
         root = fallback
+    missing, room, dropped = to_write(root), free(root) - 2**30, []  # 1 GiB spare
+    while sum(missing[n] for n in pairs if n in missing) > room:  # drop the last pairs (e2b first kept) until it fits
+        name = [n for n in pairs if n in missing][-1]
+        dropped.append(name)
+        del pairs[name], missing[name]
+    if dropped:
+        say(f"device: {room / 1e9:.1f} GB free under {root}: the {', '.join(dropped)} pair(s) left out")
     root = root / size
-    out["written_under"], out["pair_bytes"] = str(root), need
+    out["written_under"], out["pair_bytes"], out["pairs_left_out"] = str(root), sum(sizes.values()), dropped
     dirs: dict[str, tuple[Path, Path]] = {}
     for name, configs in pairs.items():
         say(f"device: writing or reusing the {name} pair under {root / name}")
         attempt(out, f"write_{name}", lambda name=name, configs=configs: [
-            str(d) for d in dirs.setdefault(name, write_pair(root / name, *configs, BF16))], save)
+            str(d) for d in dirs.setdefault(name, write_pair(root / name, *configs, BF16, device=dev))], save)
     say(f"device: copy bandwidth and keyed bits on {dev}")
     attempt(out, "copy", lambda: copy_check(dev, copy_mib, max(reps, 5), clock), save)
     attempt(out, "keyed_bits", lambda: keyed_bits_check(dev, vocab), save)
+    attempt(out, "attention", lambda: attention_check(dev, small, max(reps, 5), clock), save)
     copy = out["copy"]
     for name, (t_dir, a_dir) in dirs.items():
         say(f"device: the {name} pair on {dev}")
@@ -424,6 +553,12 @@ def device_table(result: dict[str, Any]) -> str:
                                                            f"{c['mib']} MiB, best)"),
              line("keyed bits == CPU", d.get("keyed_bits"), lambda k: f"{k['equal']} ({k['cases']} cases x {k['ids']} "
                                                                    f"ids; noise rel. diff {k['noise_max_rel_diff']:.1e})")]
+    for case, c in (d.get("attention") or {}).items():
+        if isinstance(c, dict):  # the default's time, and the forced backend it is like
+            lines.append(line(f"sdpa {case}", c, lambda c: f"default {c['default'] * 1e6:.0f} us (like "
+                              f"{c.get('default_is_like')}); " + ", ".join(
+                                  f"{n} {t * 1e6:.0f}" if isinstance(t, float) else f"{n} refuses"
+                                  for n, t in c.items() if n not in ("default", "default_is_like"))))
     for name in ("e2b", "31b_layers", "26b_layers", "12b_layers"):
         p = d.get(name)
         if p is None:
@@ -457,6 +592,18 @@ def device_table(result: dict[str, Any]) -> str:
                 f"decode {x['gathered_over_loop']['decode_s']:.2f}x, verify of {x['k'] + 1} rows "
                 f"{x['gathered_over_loop']['verify_s']:.2f}x; host reads a step {x['gathered']['host_reads']['plain_step']:.0f}"
                 f" / {x['loop']['host_reads']['plain_step']:.0f}")))
+        if "full_acceptance" in p:
+            lines.append(line("all drafts kept / plain", p["full_acceptance"], lambda f: " ".join(
+                f"{k} {v:.2f}x" for k, v in f["over_plain"].items())))
+            lines.append(line("cuDNN attention off, on", p["cudnn"], lambda c: (
+                f"speculative {c['off']['speculative']:.1f}, {c['on']['speculative']:.1f} tokens/s; plain "
+                f"{c['off']['plain']:.1f}, {c['on']['plain']:.1f}")))
+        for key in ("generate", "generate_compile"):
+            if key in p:
+                lines.append(line(f"generate.py{' --compile' if 'compile' in key else ''}", p[key], lambda g: (
+                    f"{g['tokens_per_s']:.1f} tokens/s, {g['speedup']:.2f}x plain, identical {g['identical']}, "
+                    f"{g['wall_seconds']:.0f} s in all" + (f", warm-up {g['warm_up_seconds']:.0f} s, eager rounds "
+                                                             f"{g['eager_rounds']}" if g["warm_up_seconds"] else ""))))
         if "parity" in p:
             lines.append(line("bf16 vs transformers", p["parity"], lambda q: q.get("skipped") or (
                 f"max |logit diff| {q['max_abs_logit_diff']:.3g} (max |logit| {q['max_abs_logit']:.3g}); vs float32: "

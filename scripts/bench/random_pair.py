@@ -97,27 +97,30 @@ def assistant_config(target: dict[str, Any], hidden: int, intermediate: int, hea
 
 
 def random_tensor(name: str, shape: tuple[int, ...], ple_dim: int, gen: torch.Generator) -> torch.Tensor:
-    """A fresh float32 (int64 for the token ordering) value for one tensor, chosen by its name."""
+    """A fresh float32 (int64 for the token ordering) value for one tensor, chosen by its name, drawn on the
+    generator's device."""
+    on = {"generator": gen, "device": gen.device}
     if name.endswith("token_ordering"):
-        return torch.randperm(shape[0], generator=gen)  # (V,) a permutation: row-major [C, V/C] clusters
+        return torch.randperm(shape[0], **on)  # (V,) a permutation: row-major [C, V/C] clusters
     if name.endswith("layer_scalar"):
-        return 0.8 + 0.4 * torch.rand(shape, generator=gen)
+        return 0.8 + 0.4 * torch.rand(shape, **on)
     if name in ("model.norm.weight",):
-        return 2.5 + 2.5 * torch.rand(shape, generator=gen)  # logits of std ≈ 3 through the tied head
+        return 2.5 + 2.5 * torch.rand(shape, **on)  # logits of std ≈ 3 through the tied head
     if "norm" in name:
-        return 0.5 + torch.rand(shape, generator=gen)
+        return 0.5 + torch.rand(shape, **on)
     if name.endswith("embed_tokens_per_layer.weight"):
-        return torch.randn(shape, generator=gen) / ple_dim**0.5  # times sqrt(P) in the model: rms 1
+        return torch.randn(shape, **on) / ple_dim**0.5  # times sqrt(P) in the model: rms 1
     if name.endswith("embed_tokens.weight"):
-        return torch.randn(shape, generator=gen) * (0.8 / shape[1] ** 0.5)  # x0 = E[id]·sqrt(H) has rms 0.8
+        return torch.randn(shape, **on) * (0.8 / shape[1] ** 0.5)  # x0 = E[id]·sqrt(H) has rms 0.8
     if name.endswith(("router.scale", "per_expert_scale")):
-        return 0.5 + torch.rand(shape, generator=gen)
-    return torch.randn(shape, generator=gen) / shape[-1] ** 0.5  # Linear [out, in], experts [X, out, in]: N(0, 1/in)
+        return 0.5 + torch.rand(shape, **on)
+    return torch.randn(shape, **on) / shape[-1] ** 0.5  # Linear [out, in], experts [X, out, in]: N(0, 1/in)
 
 
 def write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, seed: int,
-                      ple_dim: int = 0) -> None:
-    """Draw every tensor of `shapes` and stream it into one safetensors file (floats cast to dtype)."""
+                      ple_dim: int = 0, device: torch.device | str = "cpu") -> None:
+    """Draw every tensor of `shapes` on `device` (a GPU draws an E2B-sized file in seconds, one CPU thread in
+    minutes) and stream it into one safetensors file (floats cast to dtype)."""
     dtypes = {n: torch.int64 if n.endswith("token_ordering") else dtype for n in shapes}
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -131,14 +134,15 @@ def write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: tor
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for i, (name, shape) in enumerate(shapes.items()):
-            gen = torch.Generator().manual_seed(seed * 100_003 + i)  # one stream per tensor: order-independent
-            t = random_tensor(name, shape, ple_dim, gen).to(dtypes[name]).contiguous()
+            gen = torch.Generator(device).manual_seed(seed * 100_003 + i)  # one stream per tensor: order-independent
+            t = random_tensor(name, shape, ple_dim, gen).to(dtypes[name]).cpu().contiguous()
             f.write((ctypes.c_ubyte * (t.numel() * t.itemsize)).from_address(t.data_ptr()))  # the bytes, no copy
 
 
 def write_pair(root: Path, target: dict[str, Any], assistant: dict[str, Any], dtype: torch.dtype,
-               num_assistant_tokens: int = 4, seed: int = 0) -> tuple[Path, Path]:
-    """Write `root/target` and `root/assistant` unless the same pair is already there; return both."""
+               num_assistant_tokens: int = 4, seed: int = 0, device: torch.device | str = "cpu") -> tuple[Path, Path]:
+    """Write `root/target` and `root/assistant` unless the same pair is already there (drawn on any device: the
+    values are random either way); return both."""
     stamp = {"target": target, "assistant": assistant, "dtype": str(dtype), "seed": seed, "format": 1}
     target_dir, assistant_dir = root / "target", root / "assistant"
     if (root / "pair.json").is_file() and json.loads((root / "pair.json").read_text()) == stamp:
@@ -151,13 +155,13 @@ def write_pair(root: Path, target: dict[str, Any], assistant: dict[str, Any], dt
     table = {"model." + k: v for k, v in target_weight_table(text).items()}
     (target_dir / "config.json").write_text(json.dumps(target | {"dtype": dtype_name}, indent=2))
     (target_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    write_safetensors(target_dir / "model.safetensors", table, dtype, seed, text.ple_dim)
+    write_safetensors(target_dir / "model.safetensors", table, dtype, seed, text.ple_dim, device)
     drafter = drafter_config_from_dict(assistant)
     (assistant_dir / "config.json").write_text(json.dumps(assistant | {"dtype": dtype_name}, indent=2))
     (assistant_dir / "generation_config.json").write_text(json.dumps(
         generation | {"num_assistant_tokens": num_assistant_tokens, "num_assistant_tokens_schedule": "constant"},
         indent=2))
-    write_safetensors(assistant_dir / "model.safetensors", drafter_weight_table(drafter), dtype, seed + 1)
+    write_safetensors(assistant_dir / "model.safetensors", drafter_weight_table(drafter), dtype, seed + 1, device=device)
     (root / "pair.json").write_text(json.dumps(stamp, indent=2))
     return target_dir, assistant_dir
 

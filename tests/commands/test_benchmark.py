@@ -2,6 +2,7 @@
 and that all four decoders produce the same tokens. No timing is asserted: times are the machine's."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,7 +137,17 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
     assert d["small"] is True and d["vocab"] == 512 and d["written_under"] == str(tmp_path / "device" / "small")
     assert d["copy"]["bytes_per_s"] > 0 and d["keyed_bits"]["equal"] is True and d["keyed_bits"]["cases"] == 36
     pairs = ("e2b", "31b_layers", "26b_layers", "12b_layers")
-    assert set(d["seconds"]) == {"copy", "keyed_bits", *pairs, *(f"write_{name}" for name in pairs)}
+    assert set(d["seconds"]) == {"copy", "keyed_bits", "attention", *pairs, *(f"write_{name}" for name in pairs)}
+    attention = d["attention"]  # every call shape timed by the default and by each backend that takes it
+    assert len([c for c in attention.values() if isinstance(c, dict)]) == 8
+    assert all(isinstance(c["default"], float) and isinstance(c["math"], float) for c in attention.values()
+               if isinstance(c, dict))
+    e2b = d["e2b"]  # the rounds at full acceptance, cuDNN's switch, and generate.py end to end
+    assert e2b["full_acceptance"]["acceptance_rate"] == 1.0
+    assert e2b["full_acceptance"]["identical"] is True and set(e2b["full_acceptance"]["over_plain"]) == {
+        f"K={k}" for k in range(1, 9)}
+    assert e2b["cudnn"]["identical_off"] is True and e2b["cudnn"]["identical_on"] is True
+    assert e2b["generate"]["identical"] is True and e2b["generate"]["eager_rounds"] is None, e2b["generate"]
     for name in pairs:
         p = d[name]
         assert DEVICE_CHECKS | {"seconds"} <= set(p) and not any("error" in p[c] for c in DEVICE_CHECKS), p
@@ -162,6 +173,19 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
     assert target.config.attention_k_eq_v and target.config.kv_heads == (2, 2, 2, 1)  # 31B's geometry, tiny
     printed = benchmark.device_table(result)
     assert "== device: cpu" in printed and "ERROR" not in printed and "speculative == plain greedy True" in printed
+
+
+def test_device_section_leaves_out_pairs_that_do_not_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Free space is checked before any pair is written: with room for the e2b pair alone (and the 1 GiB spare),
+    the other three are left out, said, and the checks run on the e2b pair."""
+    e2b = device.pair_bytes(*device.small_e2b_configs(512), torch.bfloat16)
+    usage = type(shutil.disk_usage(tmp_path))
+    monkeypatch.setattr(device.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - e2b, 2**30 + e2b + 1))
+    said: list[str] = []
+    d = device.device_section("cpu", tmp_path / "device", True, 4, 1, 4, False, said.append)
+    assert d["pairs_left_out"] == ["12b_layers", "26b_layers", "31b_layers"] and "e2b" in d
+    assert not any(name in d for name in d["pairs_left_out"]) and not d["e2b"].get("error")
+    assert any("left out" in line for line in said)
 
 
 def test_out_keeps_every_finished_check(tmp_path: Path) -> None:
