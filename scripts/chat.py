@@ -91,15 +91,16 @@ class Lines:
 
 # ---------------------------------------------------------------- output
 
-def reply_json(reply: Reply, draft_length: DraftLength | None = None) -> dict:
+def reply_json(reply: Reply, draft_length: DraftLength | None = None, eager_rounds: int | None = None) -> dict:
     """One turn for --json. An interrupted turn has no statistics (the loop did not finish them)."""
     stats = (None if reply.finish_reason == "interrupted"
-             else stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length))
+             else stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length, eager_rounds))
     return {"turn": reply.turn, "prompt_ids": reply.prompt_ids, "reused": reply.reused, "prefilled": reply.prefilled,
             "tokens": reply.tokens, "text": reply.text, "finish_reason": reply.finish_reason, "stats": stats}
 
 
-def reply_report(reply: Reply, temperature: float, draft_length: DraftLength | None = None) -> str:
+def reply_report(reply: Reply, temperature: float, draft_length: DraftLength | None = None,
+                 eager_rounds: int | None = None) -> str:
     """What /stats prints: the cache's part in the turn, then generate.py's statistics block."""
     first = "" if reply.first_token_seconds is None else f"; first token after {reply.first_token_seconds:.2f} s"
     head = (f"-- turn {reply.turn}: the prompt has {len(reply.prompt_ids)} tokens: {reply.reused} reused from the "
@@ -107,7 +108,8 @@ def reply_report(reply: Reply, temperature: float, draft_length: DraftLength | N
     if reply.finish_reason == "interrupted":
         return f"{head}\n-- interrupted after {len(reply.tokens)} new tokens (no statistics)"
     result = {"tokens": reply.tokens, "finish_reason": reply.finish_reason,
-              "stats": stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length),
+              "stats": stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length,
+                                  eager_rounds),
               "sampling": {"temperature": temperature}}
     return f"{head}\n{stats_text(result, reply.stats)}"
 
@@ -153,10 +155,12 @@ class Session:
     images: Callable[[str], torch.Tensor]  # /image: a path -> its vectors, or an ImageError
     last: Reply | None = None
     pending: list[torch.Tensor] = field(default_factory=list)  # the next message's images, from /image
+    eager: int | None = None  # --compile: the last turn's rounds whose step ran uncompiled
 
     def turn(self, text: str) -> None:
         stream = Stream(self.conversation.tokenizer, self.sinks)
         a = self.assistant
+        before = getattr(self.conversation.target, "eager_steps", None)  # a StaticTarget's (--compile) count
         try:
             reply = self.conversation.say(text, self.max_new_tokens, self.target.sampler, a and a.draft_length,
                                           a.drafting if a else "argmax", on_commit=stream.commit,
@@ -171,8 +175,9 @@ class Session:
             self.say("(interrupted)\n")
             return
         self.last, self.pending = reply, []
+        self.eager = None if before is None else self.conversation.target.eager_steps - before
         if self.json_output:
-            print(json.dumps(reply_json(reply, a and a.draft_length)), flush=True)
+            print(json.dumps(reply_json(reply, a and a.draft_length, self.eager)), flush=True)
             return
         stream.finish()
         if reply.finish_reason == "interrupted":
@@ -208,7 +213,8 @@ class Session:
             return False
         if line == "/stats":
             length = self.assistant and self.assistant.draft_length
-            self.say(reply_report(self.last, self.target.sampler.temperature, length) if self.last else "-- no turn yet")
+            self.say(reply_report(self.last, self.target.sampler.temperature, length, self.eager) if self.last
+                     else "-- no turn yet")
         elif line in ("/help", "/?"):
             self.say(HELP)
         else:

@@ -69,11 +69,17 @@ def memory_section(model_dir: Path, dtype: str) -> dict[str, Any]:
 
 def decode_bytes(model: Gemma4Model) -> int:
     """Bytes of weights one decode step reads: every parameter, the whole tied embedding (the head scores
-    every token), but of the PLE table only the token's own row."""
+    every token), but of the PLE table only the token's own row, and of a MoE layer's experts only the top-k
+    the token is routed to (8 of 26B-A4B's 128)."""
+    c = model.config
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.config.ple_dim:
+    if c.ple_dim:
         table = model.embed_tokens_per_layer.weight  # (V, L*P)
         total -= (table.shape[0] - 1) * table.shape[1] * table.element_size()
+    for layer in model.layers:
+        if layer.moe:  # (X, 2I, E) and (X, E, I): X - k experts stay unread
+            for w in (layer.experts.gate_up_proj, layer.experts.down_proj):
+                total -= (c.num_experts - c.top_k_experts) * w[0].numel() * w.element_size()
     return total
 
 

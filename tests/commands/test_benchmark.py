@@ -241,3 +241,15 @@ def test_context_section_small(pair: tuple[Path, Path], tmp_path: Path) -> None:
     assert goal["limit"] == 0.6 and goal["at_least"] is False
     printed = benchmark.context_table(result)
     assert "== context: K/V cache bytes" in printed and "236.223 / 22.733" in printed  # 31B at 262144 positions
+
+
+def test_decode_bytes_reads_the_routed_experts_only(models) -> None:  # noqa: ANN001
+    """The bound's bytes a step: a MoE layer reads the top-k experts the token is routed to, not all of them."""
+    from bench.memory import decode_bytes
+    target = models["moe", "echo"][0]
+    c = target.config
+    every = sum(p.numel() * p.element_size() for p in target.parameters())
+    experts = sum(p.numel() * p.element_size() for layer in target.layers if layer.moe
+                  for p in (layer.experts.gate_up_proj, layer.experts.down_proj))
+    assert 0 < c.top_k_experts < c.num_experts and experts
+    assert decode_bytes(target) == every - experts * (c.num_experts - c.top_k_experts) // c.num_experts

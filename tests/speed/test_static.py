@@ -15,6 +15,7 @@ captures the decode, verify and draft steps whole.
 """
 
 import copy
+import json
 
 import pytest
 import torch
@@ -88,6 +89,30 @@ def test_conversation_on_a_static_cache(models, tmp_path, speculative: bool) -> 
     for text in ["Hello there, who are you?", "Tell me a story about a cat.", "Why?"]:
         mine, theirs = ours.say(text, 8, SAMPLER, DraftLength(3)), textbook.say(text, 8, SAMPLER, DraftLength(3))
         assert (mine.tokens, mine.reused) == (theirs.tokens, theirs.reused)
+
+
+def test_chat_counts_each_turns_eager_rounds(models, tmp_path, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    """chat.py --json under --compile: a turn's `eager_rounds` are the rounds of that turn whose step ran
+    uncompiled (routed as compiled, left uncompiled, as in test_every_k_the_schedule_may_choose_is_compiled)."""
+    import chat  # scripts/chat.py
+    from cli.options import Assistant, Target
+    target, drafter = models["e2b", "echo"]
+    st, sd, _ = static(target, drafter, compiled_rows=(1, 2))  # rounds of 2 or 3 drafts run uncompiled
+    st.step = st.forward
+    tokenizer = Gemma4Tokenizer(write_tokenizer(tmp_path))
+    conversation = Conversation(st, tokenizer, sd, stop_ids=STOP_IDS)
+    conversation.cache = StaticKVCache(target.config, target.config.max_position_embeddings)
+    loaded = Target("t", tmp_path, target, tokenizer, True, False, STOP_IDS, SamplerConfig(0.0), "")
+    session = chat.Session(conversation, loaded, Assistant("a", sd, DraftLength(3), "argmax"), 12, [], True,
+                           lambda line: None, lambda path: None)
+    counts = []
+    for text in ("Hello there.", "Why?"):
+        before = st.eager_steps
+        session.turn(text)
+        counts.append(st.eager_steps - before)
+    turns = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [t["stats"]["eager_rounds"] for t in turns] == counts and all(counts)
+    assert counts == [sum(len(r["drafted"]) + 1 not in (1, 2) for r in t["stats"]["rounds"]) for t in turns]
 
 
 def test_a_static_target_stops_at_its_context(models) -> None:  # noqa: ANN001
