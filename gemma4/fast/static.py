@@ -261,7 +261,8 @@ class StaticTarget:
         if num_logits is None and t in self.compiled_rows:
             logits, hidden = call(self.step, self.cudagraphs, *args, t)
         else:
-            self.eager_steps += num_logits is None and bool(self.compiled_rows)
+            if num_logits is None and self.compiled_rows:  # a step that could have been compiled: counted
+                self.eager_steps += 1
             logits, hidden = self.forward(*args, t if num_logits is None else num_logits)
         kv = {kind: cache.read(c.kv_source(kind), start_pos + t) for kind in self.freqs}
         return ModelOutput(logits, hidden, kv)

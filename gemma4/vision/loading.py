@@ -21,7 +21,7 @@ from gemma4.config_file import read_json
 from gemma4.vision import tower, unified
 from gemma4.vision.config import ImageTokens, VisionConfig, image_tokens, vision_config
 from gemma4.vision.processor import ImageError, ImageProcessing, Pixels, open_image, process, processing_config
-from gemma4.vision.prompt import PromptImages, expand
+from gemma4.vision.prompt import PromptImages, place
 from gemma4.weights import read_state_dict, resolve_model_dir
 
 if TYPE_CHECKING:
@@ -50,8 +50,7 @@ class Vision:
 
     def prompt(self, ids: list[int], images: list[torch.Tensor]) -> tuple[list[int], PromptImages]:
         """Ids where one boi id marks each image's place -> the ids with boi, soft tokens, eoi, and the images."""
-        full = expand(ids, [len(v) for v in images], self.tokens)
-        return full, PromptImages([full], [images], self.tokens)
+        return place(ids, images, self.tokens)
 
 
 def load_vision(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> Vision:

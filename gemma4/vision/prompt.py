@@ -52,6 +52,12 @@ def expand(ids: Sequence[int], sizes: Sequence[int], tokens: ImageTokens) -> lis
     return out + list(ids[last:])
 
 
+def place(ids: Sequence[int], vectors: Sequence[torch.Tensor], tokens: ImageTokens) -> tuple[list[int], "PromptImages"]:
+    """One prompt whose boi ids mark its images' places -> the prompt with their soft tokens, and its images."""
+    full = expand(ids, [len(v) for v in vectors], tokens)
+    return full, PromptImages([full], [vectors], tokens)
+
+
 def runs(ids: Sequence[int], soft: int) -> list[tuple[int, int]]:
     """(start, end) of every run of soft tokens in ids, in order: one per image."""
     out = []

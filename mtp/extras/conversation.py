@@ -39,7 +39,7 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
 from gemma4.vision.config import ImageTokens
-from gemma4.vision.prompt import ImageAt, ImageError, PromptImages, expand
+from gemma4.vision.prompt import ImageAt, ImageError, PromptImages, place
 from mtp.drafter import Drafter
 from mtp.schedule import DraftLength
 from mtp.speculative import check_sampling, speculative_generate
@@ -126,10 +126,7 @@ class Conversation:
         ids = self.tokenizer.render(self.messages + [Message("user", user_text, len(images))], self.system,
                                     self.think, self.empty_thought, **boi)
         every = self.images + list(images)
-        if not every:
-            return ids, None
-        ids = expand(ids, [len(v) for v in every], self.image_tokens)
-        return ids, PromptImages([ids], [every], self.image_tokens)
+        return place(ids, every, self.image_tokens) if every else (ids, None)
 
     def prompt_ids(self, user_text: str, images: Sequence[torch.Tensor] = ()) -> list[int]:
         return self.prompt(user_text, images)[0]

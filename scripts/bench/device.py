@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from bench.attention import attention_check
 from bench.costs import cost_section
 from bench.memory import decode_bytes
 from bench.random_pair import assistant_config, e2b_configs, random_prompt, target_config, write_pair
@@ -203,46 +204,6 @@ def copy_check(device: torch.device, mib: int, reps: int, clock: Clock) -> dict[
     s, _ = interleaved({"copy": lambda: dst.copy_(src)}, reps, {"copy": lambda: dst.copy_(src)}, clock)
     return {"mib": mib, "reps": reps, "bytes_per_s": 2 * src.nbytes / min(s["copy"]),
             "median_bytes_per_s": 2 * src.nbytes / sorted(s["copy"])[len(s["copy"]) // 2]}
-
-
-def attention_check(device: torch.device, small: bool, reps: int, clock: Clock) -> dict[str, Any]:
-    """Which scaled-dot-product attention kernel runs each call the models make, and its seconds: per head size
-    (256 sliding, 512 full), query rows (1 decode, 5 a verify of K = 4) and mask (none, or the additive mask the
-    loops pass), each backend forced alone (an error says it refuses the call) and the default's choice with the
-    switches as loaded (`choose_attention`: cuDNN off on CUDA). bfloat16 on CUDA, float32 elsewhere."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    dtype = BF16 if device.type == "cuda" else F32
-    keys, heads = (40, 2) if small else (1000, 8)  # a key length no power of two, as a sliding ring's or a prefix
-    out: dict[str, Any] = {"keys": keys, "heads": heads, "dtype": str(dtype).removeprefix("torch."),
-                           "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled()}
-    for d in ((16, 32) if small else (256, 512)):
-        for rows in (1, 5):
-            for masked in (False, True):
-                q = torch.randn(1, heads, rows, d, device=device, dtype=dtype)
-                k, v = (torch.randn(1, heads // 2, keys, d, device=device, dtype=dtype) for _ in range(2))
-                mask = torch.zeros(rows, keys, device=device, dtype=dtype) if masked else None
-                case: dict[str, Any] = {}
-
-                def attend(q=q, k=k, v=v, mask=mask):  # noqa: ANN001, ANN202 (this case's tensors)
-                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0,
-                                                                            enable_gqa=True)
-                for name, backends in (("default", None), ("flash", [SDPBackend.FLASH_ATTENTION]),
-                                       ("efficient", [SDPBackend.EFFICIENT_ATTENTION]),
-                                       ("cudnn", [SDPBackend.CUDNN_ATTENTION]), ("math", [SDPBackend.MATH])):
-                    try:
-                        if backends is None:
-                            seconds, _ = interleaved({"a": attend}, reps, {"a": attend}, clock)
-                        else:
-                            with sdpa_kernel(backends):
-                                seconds, _ = interleaved({"a": attend}, reps, {"a": attend}, clock)
-                        case[name] = sorted(seconds["a"])[len(seconds["a"]) // 2]
-                    except RuntimeError as e:  # the backend refuses this call
-                        case[name] = {"error": error_text(e)}
-                timed = {n: t for n, t in case.items() if n != "default" and isinstance(t, float)}
-                if isinstance(case["default"], float) and timed:  # the forced backend whose time the default's is
-                    case["default_is_like"] = min(timed, key=lambda n: abs(timed[n] - case["default"]))
-                out[f"d{d}_rows{rows}_{'mask' if masked else 'nomask'}"] = case
-    return out
 
 
 def keyed_bits_check(device: torch.device, vocab: int) -> dict[str, Any]:
