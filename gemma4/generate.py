@@ -74,7 +74,7 @@ def check_rows(model: Gemma4Model, prompts: Sequence[list[int]], budgets: int | 
 
 def row_positions(values: list[int], device: torch.device) -> int | torch.Tensor:
     """A cache length or start position: an int for one row, a (B,) tensor for several (each row's own)."""
-    return values[0] if len(values) == 1 else torch.tensor(values, device=device)
+    return values[0] if len(values) == 1 else torch.tensor(values).to(device, non_blocking=True)  # no wait
 
 
 def new_cache(model: Gemma4Model, prompts: Sequence[list[int]], budgets: list[int], chunk: int | None, pads: int = 0,

@@ -5,10 +5,12 @@ Facts a reader must know:
   every token whose logit is >= the k-th largest (ties at the k-th are all kept); top-p removes the tokens whose
   ascending cumulative probability is <= 1 - top_p and always keeps the most likely one (equal logits in id order, as
   a stable sort puts them: the higher ids are kept first).
-- A row is warped into its *candidates*: the ids that can still be drawn, and their probabilities (a token removed by
-  top-k/top-p, or -inf like the centroid head's filler, is not one). `warp_row` is the rule on the whole row;
-  `candidates` runs it on the k largest logits alone when top-k is set (the others have probability 0), so a
-  262k-token row is sorted only without top-k. `warp` scatters the candidates back into (N, V).
+- A row is warped into its *candidates*: ids and their probabilities, every token that can still be drawn among
+  them (one removed by top-k/top-p, or -inf like the centroid head's filler, has probability 0). `warp_row` is the
+  rule on the whole row. `candidates` picks ids out (`support`): with top-k it runs `warp_row` on the k largest
+  logits alone (a 262k-token row is sorted only without top-k), and keeps the ids with p > 0. With `PICK_OUT` off
+  (the speed layer turns it off on a GPU, where `nonzero` makes the host wait) rows stay whole: the same rule on all
+  V ids, where p = 0 never wins a draw. `warp` scatters the candidates back into (N, V).
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then sends every other
   token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as its limit, the argmax.
 - A token at absolute position n is `argmax_x p(x) / E_n(x)` over the candidates, E_n(x) ~ Exp(1) i.i.d. (the
@@ -21,7 +23,6 @@ Facts a reader must know:
 
 Shape legend: N rows (positions), V vocab, M candidates of one row."""
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ TOKEN_STREAM, DRAFT_STREAM, ACCEPT_STREAM = 0, 1, 2
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2^64 / golden ratio, odd
 MIX = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 1))  # splitmix64's finaliser: (shift, multiplier)
+PICK_OUT = True  # `support` picks the ids worth keeping out (fewer to warp and draw), or keeps every id
 
 
 @dataclass(frozen=True)
@@ -75,15 +77,20 @@ def warp_row(x: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
 
 
 def candidates(logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row of logits (V,) -> its candidates: ids (M,) ascending with probability > 0, and those (M,).
-    With top-k, only the logits >= the k-th largest can be drawn: `warp_row` runs on them alone (their maximum,
-    order and top-p sums are the whole row's: the others would add probability 0)."""
+    """One row of logits (V,) -> ids (M,) ascending and their probabilities (M,). With top-k, `warp_row` runs on the
+    logits >= the k-th largest alone (their maximum, order and top-p sums are the whole row's: the others would add
+    probability 0, and top-k again keeps all of them)."""
     ids = torch.arange(logits.shape[0], device=logits.device)  # (V,)
     if 0 < cfg.top_k < logits.shape[0]:
-        ids = (logits >= logits.topk(cfg.top_k).values[-1]).nonzero().flatten()  # (M,) ties at the k-th stay
-    probs = warp_row(logits[ids], dataclasses.replace(cfg, top_k=0))  # (M,)
-    kept = probs.nonzero().flatten()
+        ids = support(logits >= logits.topk(cfg.top_k).values[-1])  # (M,) ties at the k-th stay
+    probs = warp_row(logits[ids], cfg)  # (M,)
+    kept = support(probs)
     return ids[kept], probs[kept]
+
+
+def support(x: torch.Tensor) -> torch.Tensor:
+    """x (M,), bool or probabilities -> the indices where x is nonzero; all M of them with PICK_OUT off."""
+    return x.nonzero().flatten() if PICK_OUT else torch.arange(x.shape[0], device=x.device)
 
 
 def warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
@@ -141,26 +148,24 @@ def exponential_noise(seed: int, stream: int, position: int, ids: torch.Tensor) 
     return uniform_from_bits(keyed_bits(seed, stream, position, ids)).log_().neg_()
 
 
-def keyed_choice(ids: torch.Tensor, weights: torch.Tensor, seed: int, stream: int, position: int) -> int:
-    """argmax over the candidates ids (M,), ascending, of weight / E: a draw from weights (M,) >= 0,
-    normalised or not. An exact tie goes to the first maximum: the lowest id."""
+def keyed_choice(ids: torch.Tensor, weights: torch.Tensor, seed: int, stream: int, position: int) -> torch.Tensor:
+    """argmax over the candidates ids (M,), ascending, of weight / E: a draw from weights (M,) >= 0, normalised or
+    not. An exact tie goes to the first maximum: the lowest id. -> (1,) on their device, not read (a read waits)."""
     score = weights / exponential_noise(seed, stream, position, ids)  # (M,) float64: the noise's dtype wins
-    return int(ids[score.max(dim=0).indices])
+    return ids[score.argmax(dim=0, keepdim=True)]  # (1,)
 
 
 def sample(logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int]) -> list[int]:
-    """logits (N, V), row i the token at positions[i] -> N tokens: warp and draw, candidates only."""
-    return [keyed_choice(*candidates(x, cfg), cfg.seed, stream, n) for x, n in zip(logits, positions)]
+    """logits (N, V), row i the token at positions[i] -> N tokens: warp and draw, candidates only; one read."""
+    tokens = [keyed_choice(*candidates(x, cfg), cfg.seed, stream, n) for x, n in zip(logits, positions)]  # (1,) each
+    return torch.cat(tokens).tolist()
 
 
-def keyed_sample(probs: torch.Tensor, seed: int, stream: int, positions: list[int]) -> list[int]:
-    """probs (N, V), row i the distribution of the token at positions[i] -> N tokens, each
-    argmax p / E over the tokens with p > 0. The same token `sample` draws from warped logits."""
-    out = []
-    for row, n in zip(probs, positions):
-        ids = row.nonzero().flatten()  # (M,)
-        out.append(keyed_choice(ids, row[ids], seed, stream, n))
-    return out
+def keyed_sample(probs: torch.Tensor, seed: int, stream: int, positions: list[int]) -> torch.Tensor:
+    """probs (N, V), row i the distribution of the token at positions[i] -> (N,) tokens on the device, not read:
+    each argmax p / E over the tokens with p > 0. The same token `sample` draws from warped logits."""
+    ids = [support(row) for row in probs]  # (M_i,) each
+    return torch.cat([keyed_choice(i, row[i], seed, stream, n) for i, row, n in zip(ids, probs, positions)])
 
 
 def keyed_uniform(seed: int, stream: int, position: int) -> float:

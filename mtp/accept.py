@@ -14,12 +14,13 @@ import torch
 from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, SamplerConfig, candidates, keyed_choice, keyed_uniform, sample
 
 
-def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int, q: torch.Tensor | None
-           ) -> tuple[int, int]:
-    """The rule of this run: greedy without a sampler; the rejection rule with the drafter's q (K, V) (sample
-    drafting); keyed samples otherwise. logits (K+1, V) of positions t+1..t+K+1."""
+def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int, q: torch.Tensor | None,
+           greedy: list[int] | None) -> tuple[int, int]:
+    """The rule of this run: greedy without a sampler (`greedy`: the argmax of logits, g_0..g_K, which the loop reads
+    for every row at once); the rejection rule with the drafter's q (K, V) (sample drafting); keyed samples
+    otherwise. logits (K+1, V) of positions t+1..t+K+1. A sampling rule reads the device once."""
     if sampler is None:
-        return accept_greedy(drafts, logits)
+        return agree(drafts, greedy)
     if q is not None and drafts:
         return accept_rejection(drafts, q, logits, sampler, t)
     return accept_keyed(drafts, logits, sampler, t)
@@ -33,32 +34,34 @@ def cut_at_stop(block: list[int], stop_ids: list[int] | tuple[int, ...]) -> list
     return block
 
 
-def accept_greedy(drafts: list[int], logits: torch.Tensor) -> tuple[int, int]:
-    greedy = logits.argmax(dim=-1).tolist()  # g_0..g_K
+def agree(drafts: list[int], tokens: list[int]) -> tuple[int, int]:
+    """Keep d_i while d_i == g_{i-1}, the target's token at its position."""
     a = 0
-    while a < len(drafts) and drafts[a] == greedy[a]:
+    while a < len(drafts) and drafts[a] == tokens[a]:
         a += 1
-    return a, greedy[a]
+    return a, tokens[a]
 
 
 def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
-    """Rows past the first mismatch are never warped or drawn: their tokens would be discarded."""
-    for i in range(len(drafts) + 1):
-        g = sample(logits[i:i + 1], sampler, TOKEN_STREAM, [t + 1 + i])[0]
-        if i == len(drafts) or drafts[i] != g:
-            return i, g
+    """Every row is drawn, on the device, and read at once: those past the first mismatch are discarded."""
+    return agree(drafts, sample(logits, sampler, TOKEN_STREAM, list(range(t + 1, t + len(drafts) + 2))))
 
 
 def accept_rejection(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, sampler: SamplerConfig, t: int
                      ) -> tuple[int, int]:
     """q (K, V) the drafter's warped rows, p the target's (its candidates only). Strict `<`: p = 0 is never
-    kept. u_i is keyed to d_i's position. A rejection draws from max(0, p - q), 0 outside p's candidates."""
+    kept. u_i is keyed to d_i's position. A rejection draws from max(0, p - q), 0 outside p's candidates. Every
+    row's test and redraw run on the device and are read at once: those past the first rejection are discarded."""
+    tests, redraws = [], []  # (1,) each: is d_i kept; the token drawn if it is not
     for i, d in enumerate(drafts):
         position = t + 1 + i
         ids, p = candidates(logits[i], sampler)  # (M,) each
-        p_d = p[ids == d].sum()  # p(d), 0 if d is not a candidate
-        if not keyed_uniform(sampler.seed, ACCEPT_STREAM, position) * float(q[i, d]) < float(p_d):
-            residual = (p - q[i, ids]).clamp_(min=0)  # (M,) zero at d: rejected, so q(d) > p(d)
-            return i, keyed_choice(ids, residual, sampler.seed, TOKEN_STREAM, position)  # unnormalised: same argmax
-    bonus = len(drafts)  # the row after the last draft
-    return bonus, sample(logits[bonus:bonus + 1], sampler, TOKEN_STREAM, [t + 1 + bonus])[0]
+        p_d = (p * (ids == d)).sum()  # p(d), 0 if d is not a candidate
+        u = keyed_uniform(sampler.seed, ACCEPT_STREAM, position)
+        tests.append((q[i, d].double() * u < p_d.double()).long()[None])  # in float64, as the uniform
+        residual = (p - q[i, ids]).clamp_(min=0)  # (M,) zero at d if rejected: then q(d) > p(d)
+        redraws.append(keyed_choice(ids, residual, sampler.seed, TOKEN_STREAM, position))  # unnormalised: same argmax
+    bonus = keyed_choice(*candidates(logits[len(drafts)], sampler), sampler.seed, TOKEN_STREAM, t + 1 + len(drafts))
+    read = torch.cat([*tests, *redraws, bonus]).tolist()  # K tests (0 or 1), K redraws, the bonus
+    a = read.index(0) if 0 in read[:len(drafts)] else len(drafts)  # the bonus follows the last draft's row
+    return a, read[len(drafts) + a]

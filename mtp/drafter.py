@@ -133,9 +133,10 @@ class Drafter(nn.Module):
         Greedy without samplers; with one per row (`sample` drafting, §11), draft j of row b is drawn from its
         warped q_j with DRAFT_STREAM noise keyed at t_b + j. -> drafts (B, k) on the device, q (B, k, V) or None."""
         device = hidden.device
-        inputs = self.layer_inputs(torch.tensor(t, device=device)[:, None], shared_kv, hidden.dtype)
+        # Host lists sent without blocking: `torch.tensor(list, device=...)` would wait for the device's queue.
+        inputs = self.layer_inputs(torch.tensor(t).to(device, non_blocking=True)[:, None], shared_kv, hidden.dtype)
         h = hidden[:, None]  # (B, 1, E)
-        ids = torch.tensor(tokens, device=device)[:, None]  # (B, 1)
+        ids = torch.tensor(tokens).to(device, non_blocking=True)[:, None]  # (B, 1)
         drafted: list[torch.Tensor] = []  # greedy drafts stay on the device: the caller reads them once
         probs: list[torch.Tensor] = []
         for j in range(1, k + 1):
@@ -145,8 +146,8 @@ class Drafter(nn.Module):
             else:
                 logits = self.logits(hn[:, 0], filler=float("-inf"))  # (B, V), the centroid filler at 0
                 q = torch.cat([warp(logits[b:b + 1], s) for b, s in enumerate(samplers)])
-                ids = torch.tensor([keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])[0]
-                                    for b, (s, n) in enumerate(zip(samplers, t))], device=device)[:, None]
+                ids = torch.cat([keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])  # (1,) each, not read
+                                 for b, (s, n) in enumerate(zip(samplers, t))])[:, None]
                 probs.append(q)  # (B, V)
             drafted.append(ids)
         return torch.cat(drafted, dim=1), torch.stack(probs, dim=1) if probs else None  # (B, k), (B, k, V)

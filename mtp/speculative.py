@@ -138,11 +138,13 @@ def speculative_rows(
         ids = torch.tensor([seqs[b][-1:] + d + [PAD] * (k - len(d)) for b, d in zip(rows, drafts)])  # (B, k+1)
         out = target.run(ids, cache, start_pos=cache.length)  # logits (B, k+1, V)
 
+        # 4. Accept a prefix of the drafts: greedy token equality, or the sampling rules (mtp/accept.py). A row's pads
+        #    are not read. One read of the device gives every row's argmax, before any schedule reads its clock.
+        greedy = out.logits.argmax(dim=-1).tolist() if None in [samplers[b] for b in rows] else [None] * len(rows)
         accepted = []
         for i, (b, d) in enumerate(zip(rows, drafts)):
-            # 4. Accept a prefix of the drafts: greedy token equality, or the sampling rules (mtp/accept.py). A
-            #    row's pads are not read.
-            a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i], None if q is None else q[i, :len(d)])
+            a, last = accept(d, out.logits[i, :len(d) + 1], samplers[b], t[i], None if q is None else q[i, :len(d)],
+                             greedy[i])
             lengths[b].observe(len(d), a)
 
             # 5. Commit d_1..d_a and the target's token after them; cut after the first stop id.
@@ -155,7 +157,8 @@ def speculative_rows(
 
         # 6. Roll back: positions t_b..t_b+a_b hold committed tokens' K/V; the rest is stale.
         cache.length = row_positions([n + a + 1 for n, a in zip(t, accepted)], hidden.device)
-        hidden = out.hidden[torch.arange(len(rows)), torch.tensor(accepted)]  # (B, E) h[t'_b-1]
+        newest = torch.tensor(accepted).to(hidden.device, non_blocking=True)  # (B,) the verify row of t'_b - 1
+        hidden = out.hidden[torch.arange(len(rows), device=hidden.device), newest]  # (B, E) h[t'_b-1]
 
 
 def target_kv(cache: KVCache, model: Gemma4Model, t: int) -> dict[str, KV]:

@@ -14,6 +14,7 @@ pages a mapping has read stay resident as long as it lives, and the model's view
 import torch
 from torch import nn
 
+from gemma4 import sampling
 from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import Choice, Product, choose, forced
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
@@ -100,8 +101,9 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     for name, module in list(model.named_modules()):
         if type(module) is RMSNorm:  # the same weight, normed in fewer calls (gemma4/fast/norms.py)
             _swap(model, name, FastRMSNorm(module))
-    if next(model.parameters()).device.type != "cpu":
-        gather_experts(model)  # MoE: a host read a layer would stall the device (gemma4/fast/experts.py)
+    if next(model.parameters()).device.type != "cpu":  # a host read would stall the device:
+        gather_experts(model)  # MoE: one a layer (gemma4/fast/experts.py)
+        sampling.PICK_OUT = False  # sampling: rows stay whole, no `nonzero` (process-wide, gemma4/sampling.py)
     if next(model.parameters()).device.type == "cuda":
         choose_attention()
     return list(choices.values())

@@ -80,7 +80,7 @@ def table(result: dict[str, Any]) -> str:
             h = r["host_reads"]
             lines.append(f"   host reads: a plain step {h['plain_step']:.2f}, a speculative round {h['spec_round']:.2f}; "
                          f"sampled (T 0.7, argmax drafting): a step {h['sampled_plain_step']:.2f}, "
-                         f"a round {h['sampled_spec_round']:.2f}")
+                         f"a round {h['sampled_spec_round']:.2f}; sample drafting: a round {h['sample_drafting_round']:.2f}")
         lines += packing_lines(r.get("packing"))
     lines += costs_lines(result.get("costs"), "float32") + bandwidth_lines(result.get("bandwidth"))
     if result.get("bf16"):

@@ -123,7 +123,7 @@ def per_step(target: Gemma4Model, drafter: Drafter, prompt: list[int], tokens: i
     sampled (SAMPLED): a run of `tokens` less a run of 1 token (the prefill and the first token, no step or
     round), over the steps (tokens - 1) or the rounds (target forwards - 1) between them, after a first run
     that fills the caches of values computed once. Returns three counts, each keyed plain_step, spec_round,
-    sampled_plain_step, sampled_spec_round: `host_reads` (the Tensor methods), `syncing_ops` (SYNCING_OPS
+    sampled_plain_step, sampled_spec_round, sample_drafting_round (`sample` drafting): `host_reads` (the Tensor methods), `syncing_ops` (SYNCING_OPS
     seen by the profiler; None without `profile`: it makes a decode step of the demo ~20x slower) and
     `cuda_syncs` (None off CUDA)."""
     def count(run: Callable[[int], int]) -> dict[str, float | None]:
@@ -138,13 +138,14 @@ def per_step(target: Gemma4Model, drafter: Drafter, prompt: list[int], tokens: i
             (sum(whole.syncing_ops.values()) - sum(first.syncing_ops.values())) / steps
         return {"host_reads": (whole.total - first.total) / steps, "syncing_ops": ops, "cuda_syncs": syncs}
 
-    def spec(sampler: SamplerConfig | None) -> Callable[[int], int]:
-        return lambda n: speculative_generate(target, drafter, prompt, n, DraftLength(k),
-                                              sampler=sampler).stats.target_forwards - 1
+    def spec(sampler: SamplerConfig | None, drafting: str = "argmax") -> Callable[[int], int]:
+        return lambda n: speculative_generate(target, drafter, prompt, n, DraftLength(k), sampler=sampler,
+                                              drafting=drafting).stats.target_forwards - 1
     runs = {"plain_step": lambda n: len(greedy_generate(target, prompt, n)) - 1,
             "spec_round": spec(None),
             "sampled_plain_step": lambda n: len(sample_generate(target, prompt, n, SAMPLED)) - 1,
-            "sampled_spec_round": spec(SAMPLED)}
+            "sampled_spec_round": spec(SAMPLED),
+            "sample_drafting_round": spec(SAMPLED, "sample")}
     counted = {name: count(run) for name, run in runs.items()}
     return {kind: None if counted["plain_step"][kind] is None else {name: c[kind] for name, c in counted.items()}
             for kind in ("host_reads", "syncing_ops", "cuda_syncs")}

@@ -57,7 +57,7 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
         assert set(calls) == {"ours", "ours_draft_step", "tf"} and min(calls.values()) > 0
         assert ("host_reads" in r) == (section == "demo")  # scripts/bench/syncs.py, the demo section only
     reads = result["demo"]["host_reads"]
-    assert set(reads) == {"plain_step", "spec_round", "sampled_plain_step", "sampled_spec_round"}
+    assert set(reads) == {"plain_step", "spec_round", "sampled_plain_step", "sampled_spec_round", "sample_drafting_round"}
     assert reads["plain_step"] <= 1 and reads["spec_round"] <= 2  # tests/speed/test_syncs.py holds these on every shape
     assert "skipped" not in result  # on the CPU every section runs
     costs = result["costs"]

@@ -21,6 +21,7 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from gemma4 import SamplerConfig, greedy_generate, sample_generate
+from gemma4 import sampling
 from gemma4.cache import KV
 from gemma4.sampling import (
     GOLDEN, MASK64, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
@@ -209,34 +210,34 @@ def test_a_tokens_noise_does_not_depend_on_the_other_candidates() -> None:
         positions = [10, 11, 12, 13]
         everywhere = [int((probs[i].double() / exponential_noise(0, TOKEN_STREAM, n, torch.arange(4096))).argmax())
                       for i, n in enumerate(positions)]
-        dense = keyed_sample(warp(logits, cfg), 0, TOKEN_STREAM, positions)
+        dense = keyed_sample(warp(logits, cfg), 0, TOKEN_STREAM, positions).tolist()
         assert sample(logits, cfg, TOKEN_STREAM, positions) == everywhere == dense
 
 
 def test_an_exact_tie_goes_to_the_lowest_id() -> None:
     ids = torch.tensor([3, 8, 9])
     noise = exponential_noise(0, TOKEN_STREAM, 0, ids)  # weights equal to the noise: every score is exactly 1
-    assert keyed_choice(ids, noise, 0, TOKEN_STREAM, 0) == 3
-    assert keyed_choice(ids, noise * torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64), 0, TOKEN_STREAM, 0) == 8
+    assert keyed_choice(ids, noise, 0, TOKEN_STREAM, 0).tolist() == [3]
+    assert keyed_choice(ids, noise * torch.tensor([1.0, 2.0, 2.0], dtype=torch.float64), 0, TOKEN_STREAM, 0).tolist() == [8]
 
 
 def test_keyed_draws_depend_on_seed_and_position_only() -> None:
     probs = torch.full((1, 50), 1 / 50)
-    draw = lambda seed, n: keyed_sample(probs, seed, TOKEN_STREAM, [n])[0]  # noqa: E731
+    draw = lambda seed, n: keyed_sample(probs, seed, TOKEN_STREAM, [n]).item()  # noqa: E731
     state = torch.get_rng_state()
     first = [draw(0, n) for n in range(40)]
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG is untouched
     torch.manual_seed(123)  # and moving it changes nothing
     assert [draw(0, n) for n in reversed(range(40))] == first[::-1]  # order of the calls does not matter
     assert [draw(1, n) for n in range(40)] != first
-    rows = keyed_sample(probs.expand(40, 50), 0, TOKEN_STREAM, list(range(40)))  # one call, 40 rows
+    rows = keyed_sample(probs.expand(40, 50), 0, TOKEN_STREAM, list(range(40))).tolist()  # one call, 40 rows
     assert rows == first
 
 
 def test_keyed_draws_follow_the_distribution() -> None:
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]])
     n = 4000
-    counts = torch.bincount(torch.tensor(keyed_sample(p.expand(n, 5), 5, TOKEN_STREAM, list(range(n)))), minlength=5)
+    counts = torch.bincount(keyed_sample(p.expand(n, 5), 5, TOKEN_STREAM, list(range(n))), minlength=5)
     assert counts[4] == 0  # p = 0 never wins
     expected = p[0, :4] * n
     chi2 = float(((counts[:4] - expected) ** 2 / expected).sum())
@@ -262,6 +263,27 @@ def test_argmax_drafting_equals_plain_sampling(models, shape: str, drafter: str,
                                   sampler=sampler)
     assert result.tokens == plain(target, prompt("long"), budget, SamplerConfig(**SAMPLER, seed=seed))
     assert result.finish_reason == "length"
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rows_kept_whole_as_on_a_gpu(models, shape: str, drafter: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """PICK_OUT off (the speed layer's setting off the CPU): the same rule over every id of a row. The probabilities
+    are the picked-out ones (to float32 rounding: the softmax sums over more terms), and speculative sampling again
+    equals plain sampling token for token; sample drafting runs and repeats itself."""
+    logits = rows(4096, 4, seed=3)
+    picked = warp(logits, SamplerConfig(**SAMPLER))
+    monkeypatch.setattr(sampling, "PICK_OUT", False)
+    whole = warp(logits, SamplerConfig(**SAMPLER))
+    assert torch.equal(whole > 0, picked > 0) and torch.allclose(whole, picked, rtol=1e-5, atol=1e-7)
+    target, draft_model = models[shape, drafter]
+    sampler, budget = SamplerConfig(**SAMPLER, seed=1), 16
+    expected = sample_generate(target, prompt("long"), budget, sampler)  # not `plain`: it remembers picked-out runs
+    assert speculative_generate(target, draft_model, prompt("long"), budget, DraftLength(3), sampler=sampler).tokens \
+        == expected
+    runs = [speculative_generate(target, draft_model, prompt("long"), budget, DraftLength(3), sampler=sampler,
+                                 drafting="sample").tokens for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == budget
 
 
 def test_sampling_paths_are_exercised(models) -> None:  # noqa: ANN001

@@ -117,7 +117,7 @@ def keyed_transformers(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
 def keyed_wrong_bonus(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     a, token = CORRECT_KEYED(drafts, logits, sampler, t)
     if a == len(drafts) > 0:  # all kept: the bonus from the last draft's row, not from the row after it
-        token = keyed_sample(warp(logits[a - 1:a], sampler), sampler.seed, TOKEN_STREAM, [t + 1 + a])[0]
+        token = keyed_sample(warp(logits[a - 1:a], sampler), sampler.seed, TOKEN_STREAM, [t + 1 + a]).item()
     return a, token
 
 
@@ -126,8 +126,8 @@ def keyed_no_zeroing(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     p = warp(logits, sampler)
     for i, d in enumerate(drafts):
         if not keyed_uniform(sampler.seed, ACCEPT_STREAM, t + 1 + i) < float(p[i, d]):
-            return i, keyed_sample(p[i:i + 1], sampler.seed, TOKEN_STREAM, [t + 1 + i])[0]
-    return len(drafts), keyed_sample(p[-1:], sampler.seed, TOKEN_STREAM, [t + 1 + len(drafts)])[0]
+            return i, keyed_sample(p[i:i + 1], sampler.seed, TOKEN_STREAM, [t + 1 + i]).item()
+    return len(drafts), keyed_sample(p[-1:], sampler.seed, TOKEN_STREAM, [t + 1 + len(drafts)]).item()
 
 
 def rejection_transformers(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
@@ -248,7 +248,7 @@ def test_a_five_percent_bias_fails(mini) -> None:  # noqa: ANN001
     biased[most] *= 0.95
     law = {(x,): float(px) for x, px in zip(ids.tolist(), p)}
     for name, probs in (("exact", p), ("5% biased", biased)):
-        draws = [(keyed_choice(ids, probs, cfg.seed, TOKEN_STREAM, n),) for n in range(BIASED_DRAWS)]
+        draws = [(keyed_choice(ids, probs, cfg.seed, TOKEN_STREAM, n).item(),) for n in range(BIASED_DRAWS)]
         chi2, threshold = chi_square(law, draws)
         STATS[f"one row at top-k 3, {name}"] = (chi2, threshold, math.nan)
         assert (chi2 < threshold) == (name == "exact"), (name, chi2, threshold)

@@ -1,11 +1,15 @@
 """Host reads (scripts/bench/syncs.py): a plain greedy decode step reads the device once (the committed token),
-a greedy speculative round at most twice (the drafts once, the verify's argmax once). Every read of a tensor's
-value is a stall on a GPU; the count is the same on every device, so the CPU test holds the CUDA loop to it."""
+a greedy speculative round at most twice (the drafts once, the verify's argmax once, for every row of a batch).
+Every read of a tensor's value is a stall on a GPU; the count is the same on every device, so the CPU test holds
+the CUDA loop to it. Sampling is counted as a GPU runs it: with `PICK_OUT` off (the speed layer's setting off the
+CPU, gemma4/sampling.py), where nothing waits for the device but the one read of the tokens."""
 
 import pytest
 import torch
 
-from bench.syncs import METHODS, host_reads, per_step
+from bench.syncs import METHODS, SAMPLED, host_reads, per_step
+from gemma4 import sampling
+from mtp import DraftLength, speculative_generate_batch
 from tests.pairs import DRAFTERS, prompt
 from tests.checkpoints import SHAPES
 
@@ -46,3 +50,52 @@ def test_the_profiler_sees_scalar_reads_but_not_tolist() -> None:
         int(x[1]), x.tolist(), x[x > 1.6]  # a boolean-mask index: nonzero, a sync on CUDA
     assert reads.total == 2 and reads.syncing_ops["aten::_local_scalar_dense"] == 1
     assert reads.syncing_ops["aten::nonzero"] == 1 and reads.cuda_syncs is None
+
+
+@pytest.mark.parametrize("shape", ["e2b", "dense"])
+def test_sampling_reads_once_and_picks_nothing_out_as_on_a_gpu(models, shape: str,  # noqa: ANN001
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    target, assistant = models[shape, "echo"]
+    picked = per_step(target, assistant, prompt("long"), TOKENS, k=4, profile=True)["syncing_ops"]
+    assert picked["sampled_plain_step"] >= 1  # the CPU's rule: `nonzero` picks the candidates out, and the counter sees it
+    monkeypatch.setattr(sampling, "PICK_OUT", False)
+    counts = per_step(target, assistant, prompt("long"), TOKENS, k=4, profile=True)
+    reads, ops = counts["host_reads"], counts["syncing_ops"]
+    # A sampled token is read once (plain), and a sampled round reads no more than a greedy one: the drafts, then
+    # every verify row's draw at once (argmax drafting) or every row's test, redraw and bonus at once (sample drafting).
+    assert reads["sampled_plain_step"] <= 1
+    assert reads["sampled_spec_round"] <= 2 and reads["sample_drafting_round"] <= 2, reads
+    # And nothing else waits for the device: no `nonzero`, boolean-mask index or scalar read behind an index.
+    assert ops["sampled_plain_step"] == ops["sampled_spec_round"] == ops["sample_drafting_round"] == 0, ops
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_batch_round_reads_as_one_row_and_its_clocks_run_after_the_read(models, sampled: bool,  # noqa: ANN001
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy: one read of every row's argmax, before any row's schedule reads its clock (`auto` times the round
+    from next() to observe(): a clock read before the device finished would time the launch). Sampled (PICK_OUT
+    off): one read a row."""
+    target, assistant = models["e2b", "echo"]
+    monkeypatch.setattr(sampling, "PICK_OUT", False)
+    prompts = [prompt("long", seed=s) for s in (1, 2, 3)]
+    events: list[tuple[str, int]] = []
+    with host_reads() as reads:
+        def clock() -> float:
+            events.append(("clock", reads.total))
+            return float(len(events))
+
+        run = target.run
+        monkeypatch.setattr(target, "run", lambda *a, **kw: (events.append(("verify", reads.total)), run(*a, **kw))[1])
+        results = speculative_generate_batch(target, assistant, prompts, 12, DraftLength(2, "auto", clock=clock),
+                                             samplers=[SAMPLED] * 3 if sampled else None)
+    verifies = [i for i, (kind, _) in enumerate(events) if kind == "verify"][1:]  # the first run is the prefill
+    rounds = max(r.stats.target_forwards for r in results) - 1
+    assert len(verifies) == rounds > 4
+    for i in verifies:
+        after = next(total for kind, total in events[i + 1:] if kind == "clock")  # the round's first observe()
+        assert after > events[i][1], events  # something was read from the device in between
+    # The loop's reads (tolist): the drafts once (a round that drafts), then the argmax once for all rows (greedy) or
+    # each row's draws once (sampled). Not counted here: a batched forward's cache.claim reads its rows' furthest
+    # position and checks for a hole (`int`, `bool`): two reads a forward, whatever the rows.
+    most = rounds * (1 + (len(prompts) if sampled else 1))
+    assert rounds * (2 if sampled else 1) <= reads.by_method["tolist"] <= most, (reads, rounds)
