@@ -19,6 +19,7 @@ from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import Choice, Product, choose, forced
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.fast.norms import FastRMSNorm
+from gemma4.fast.staging import StagedRows
 from gemma4.model import MLP, Attention
 from gemma4.norms import RMSNorm
 from gemma4.weights import Reader
@@ -104,6 +105,8 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     if next(model.parameters()).device.type != "cpu":  # a host read would stall the device:
         gather_experts(model)  # MoE: one a layer (gemma4/fast/experts.py)
         sampling.PICK_OUT = False  # sampling: rows stay whole, no `nonzero` (process-wide, gemma4/sampling.py)
+        if getattr(model, "embed_tokens_per_layer", None) is not None:  # the PLE table's rows, pinned (staging.py)
+            model.per_layer_rows = StagedRows(model)
     if next(model.parameters()).device.type == "cuda":
         choose_attention()
     return list(choices.values())

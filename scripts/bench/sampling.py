@@ -5,7 +5,8 @@
   ms per row of `gemma4.sampling.sample` ("fast": `candidates` warps only the k largest logits when top-k is
   set), and of the rule on the whole row (`reference_sample`: `warp_row` sorts and soft-maxes the whole row,
   then the keyed noise of every token), with reference / fast, and whether both drew the same tokens (they
-  must).
+  must); and `sample` with every row kept whole (`whole`: PICK_OUT off, as the speed layer samples on a GPU),
+  with whether it drew the same tokens (the same probabilities to float32 rounding: almost always).
 - `decode`: a random pair at E2B's dimensions in bfloat16 (scripts/bench/random_pair.py; the vocabulary
   is `--sampling-vocab`, the real 262,144 by default, whose pair is the bf16 section's). Tokens/s of
   plain decoding, greedy against sampled (T 1, top-k 64, top-p 0.95); and speculative decoding with
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from bench.random_pair import random_prompt, write_pair
-from gemma4 import greedy_generate, load_target, sample_generate
+from gemma4 import greedy_generate, load_target, sample_generate, sampling
 from gemma4.sampling import TOKEN_STREAM, SamplerConfig, exponential_noise, sample, warp_row
 from mtp import DraftLength, load_drafter, speculative_generate
 
@@ -46,6 +47,15 @@ def reference_sample(logits: torch.Tensor, cfg: SamplerConfig, position: int) ->
     return int((probs.double() / exponential_noise(cfg.seed, TOKEN_STREAM, position, ids)).argmax())
 
 
+def rows_whole(run: Callable[[], Any]) -> Any:
+    """run() with `gemma4.sampling.PICK_OUT` off: every row kept whole, as the speed layer samples on a GPU."""
+    saved, sampling.PICK_OUT = sampling.PICK_OUT, False
+    try:
+        return run()
+    finally:
+        sampling.PICK_OUT = saved
+
+
 # ---------------------------------------------------------------- the section
 
 
@@ -57,13 +67,17 @@ def row_costs(reps: int, interleaved: Interleaved, device: str = "cpu") -> dict[
             cfg = SamplerConfig(1.0, top_k, top_p)
             runs = {"fast": lambda cfg=cfg: [sample(logits, cfg, TOKEN_STREAM, [n])
                                              for n in range(CALLS)],
+                    "whole": lambda cfg=cfg: rows_whole(lambda: [sample(logits, cfg, TOKEN_STREAM, [n])
+                                                                 for n in range(CALLS)]),
                     "reference": lambda cfg=cfg: [reference_sample(logits, cfg, n) for n in range(CALLS)]}
             s, outputs = interleaved(runs, reps, runs)
             out[f"V={v}, {name}"] = {
                 "fast_ms": 1e3 * statistics.median(s["fast"]) / CALLS,
+                "whole_ms": 1e3 * statistics.median(s["whole"]) / CALLS,
                 "reference_ms": 1e3 * statistics.median(s["reference"]) / CALLS,
                 "reference/fast": statistics.median(o / n for o, n in zip(s["reference"], s["fast"])),
-                "same_tokens": outputs["fast"][0] == [[t] for t in outputs["reference"][0]]}
+                "same_tokens": outputs["fast"][0] == [[t] for t in outputs["reference"][0]],
+                "whole_same_tokens": outputs["fast"][0] == outputs["whole"][0]}
     return out
 
 
@@ -135,10 +149,11 @@ def sampling_table(result: dict[str, Any]) -> str:
     if not r:
         return ""
     lines = ["", f"== one sampled row (warp + keyed draw), T 1, ms per row, {CALLS} rows per timed run",
-             f"   {'row':<34}{'fast':>9}{'reference':>11}{'ref/fast':>9}  same tokens"]
+             f"   {'row':<34}{'fast':>9}{'whole':>9}{'reference':>11}{'ref/fast':>9}  same tokens (whole)"]
     for name, row in r["rows"].items():
-        lines.append(f"   {name:<34}{row['fast_ms']:>9.3f}{row['reference_ms']:>11.2f}{row['reference/fast']:>8.1f}x  "
-                     f"{'yes' if row['same_tokens'] else 'NO'}")
+        lines.append(f"   {name:<34}{row['fast_ms']:>9.3f}{row['whole_ms']:>9.3f}{row['reference_ms']:>11.2f}"
+                     f"{row['reference/fast']:>8.1f}x  {'yes' if row['same_tokens'] else 'NO'} "
+                     f"({'yes' if row['whole_same_tokens'] else 'no'})")
     d = r["decode"]
     if d:
         t, f = d["tokens_per_s"], d["seconds_per_target_forward"]
