@@ -6,11 +6,9 @@ Facts a reader must know:
   ascending cumulative probability is <= 1 - top_p and always keeps the most likely one (equal logits in id order, as
   a stable sort puts them: the higher ids are kept first).
 - A row is warped into its *candidates*: ids and their probabilities, every token that can still be drawn among
-  them (one removed by top-k/top-p, or -inf like the centroid head's filler, has probability 0). `warp_row` is the
-  rule on the whole row. `candidates` picks ids out (`support`): with top-k it runs `warp_row` on the k largest
-  logits alone (a 262k-token row is sorted only without top-k), and keeps the ids with p > 0. With `PICK_OUT` off
-  (the speed layer turns it off on a GPU, where `nonzero` makes the host wait) rows stay whole: the same rule on all
-  V ids, where p = 0 never wins a draw. `warp` scatters the candidates back into (N, V).
+  them. `warp_row` is the rule on the whole row; `candidates` runs it on the k largest logits alone when top-k is
+  set (a 262k-token row is sorted only without top-k) and keeps the ids with p > 0, or, with `FREE_READS` off (no
+  `nonzero`: it waits for a GPU), keeps all V ids, where p = 0 never wins a draw. `warp` scatters into (N, V).
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then sends every other
   token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as its limit, the argmax.
 - A token at absolute position n is `argmax_x p(x) / E_n(x)` over the candidates, E_n(x) ~ Exp(1) i.i.d. (the
@@ -34,7 +32,9 @@ TOKEN_STREAM, DRAFT_STREAM, ACCEPT_STREAM = 0, 1, 2
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2^64 / golden ratio, odd
 MIX = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 1))  # splitmix64's finaliser: (shift, multiplier)
-PICK_OUT = True  # `support` picks the ids worth keeping out (fewer to warp and draw), or keeps every id
+# A read of the device is free (the CPU): ids are picked out (`support`), the keyed rule draws a verify's rows one at
+# a time (mtp/accept.py). The speed layer turns it off on a GPU: rows stay whole, a verify's rows are read at once.
+FREE_READS = True
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ def candidates(logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, 
 
 
 def support(x: torch.Tensor) -> torch.Tensor:
-    """x (M,), bool or probabilities -> the indices where x is nonzero; all M of them with PICK_OUT off."""
-    return x.nonzero().flatten() if PICK_OUT else torch.arange(x.shape[0], device=x.device)
+    """x (M,), bool or probabilities -> the indices where x is nonzero; all M of them with FREE_READS off."""
+    return x.nonzero().flatten() if FREE_READS else torch.arange(x.shape[0], device=x.device)
 
 
 def warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:

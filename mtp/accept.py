@@ -11,6 +11,7 @@ Each rule gets the drafts d_1..d_K and the verify's logits rows 0..K (row i: the
 
 import torch
 
+from gemma4 import sampling
 from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, SamplerConfig, candidates, keyed_choice, keyed_uniform, sample
 
 
@@ -43,8 +44,14 @@ def agree(drafts: list[int], tokens: list[int]) -> tuple[int, int]:
 
 
 def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
-    """Every row is drawn, on the device, and read at once: those past the first mismatch are discarded."""
-    return agree(drafts, sample(logits, sampler, TOKEN_STREAM, list(range(t + 1, t + len(drafts) + 2))))
+    """Where reads are free (sampling.FREE_READS), rows past the first mismatch are never drawn; elsewhere every row
+    is drawn on the device and all are read at once, those past the first mismatch then discarded."""
+    if not sampling.FREE_READS:
+        return agree(drafts, sample(logits, sampler, TOKEN_STREAM, list(range(t + 1, t + len(drafts) + 2))))
+    for i in range(len(drafts) + 1):
+        g = sample(logits[i:i + 1], sampler, TOKEN_STREAM, [t + 1 + i])[0]
+        if i == len(drafts) or drafts[i] != g:
+            return i, g
 
 
 def accept_rejection(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, sampler: SamplerConfig, t: int

@@ -104,7 +104,7 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
             _swap(model, name, FastRMSNorm(module))
     if next(model.parameters()).device.type != "cpu":  # a host read would stall the device:
         gather_experts(model)  # MoE: one a layer (gemma4/fast/experts.py)
-        sampling.PICK_OUT = False  # sampling: rows stay whole, no `nonzero` (process-wide, gemma4/sampling.py)
+        sampling.FREE_READS = False  # sampling: rows stay whole, no `nonzero` (process-wide, gemma4/sampling.py)
         if getattr(model, "embed_tokens_per_layer", None) is not None:  # the PLE table's rows, pinned (staging.py)
             model.per_layer_rows = StagedRows(model)
     if next(model.parameters()).device.type == "cuda":

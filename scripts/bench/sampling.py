@@ -5,7 +5,7 @@
   ms per row of `gemma4.sampling.sample` ("fast": `candidates` warps only the k largest logits when top-k is
   set), and of the rule on the whole row (`reference_sample`: `warp_row` sorts and soft-maxes the whole row,
   then the keyed noise of every token), with reference / fast, and whether both drew the same tokens (they
-  must); and `sample` with every row kept whole (`whole`: PICK_OUT off, as the speed layer samples on a GPU),
+  must); and `sample` with every row kept whole (`whole`: FREE_READS off, as the speed layer samples on a GPU),
   with whether it drew the same tokens (the same probabilities to float32 rounding: almost always).
 - `decode`: a random pair at E2B's dimensions in bfloat16 (scripts/bench/random_pair.py; the vocabulary
   is `--sampling-vocab`, the real 262,144 by default, whose pair is the bf16 section's). Tokens/s of
@@ -48,12 +48,12 @@ def reference_sample(logits: torch.Tensor, cfg: SamplerConfig, position: int) ->
 
 
 def rows_whole(run: Callable[[], Any]) -> Any:
-    """run() with `gemma4.sampling.PICK_OUT` off: every row kept whole, as the speed layer samples on a GPU."""
-    saved, sampling.PICK_OUT = sampling.PICK_OUT, False
+    """run() with `gemma4.sampling.FREE_READS` off: every row kept whole, as the speed layer samples on a GPU."""
+    saved, sampling.FREE_READS = sampling.FREE_READS, False
     try:
         return run()
     finally:
-        sampling.PICK_OUT = saved
+        sampling.FREE_READS = saved
 
 
 # ---------------------------------------------------------------- the section

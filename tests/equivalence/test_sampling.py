@@ -268,12 +268,12 @@ def test_argmax_drafting_equals_plain_sampling(models, shape: str, drafter: str,
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_rows_kept_whole_as_on_a_gpu(models, shape: str, drafter: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """PICK_OUT off (the speed layer's setting off the CPU): the same rule over every id of a row. The probabilities
+    """FREE_READS off (the speed layer's setting off the CPU): the same rule over every id of a row. The probabilities
     are the picked-out ones (to float32 rounding: the softmax sums over more terms), and speculative sampling again
     equals plain sampling token for token; sample drafting runs and repeats itself."""
     logits = rows(4096, 4, seed=3)
     picked = warp(logits, SamplerConfig(**SAMPLER))
-    monkeypatch.setattr(sampling, "PICK_OUT", False)
+    monkeypatch.setattr(sampling, "FREE_READS", False)
     whole = warp(logits, SamplerConfig(**SAMPLER))
     assert torch.equal(whole > 0, picked > 0) and torch.allclose(whole, picked, rtol=1e-5, atol=1e-7)
     target, draft_model = models[shape, drafter]

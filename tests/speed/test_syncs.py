@@ -1,7 +1,7 @@
 """Host reads (scripts/bench/syncs.py): a plain greedy decode step reads the device once (the committed token),
 a greedy speculative round at most twice (the drafts once, the verify's argmax once, for every row of a batch).
 Every read of a tensor's value is a stall on a GPU; the count is the same on every device, so the CPU test holds
-the CUDA loop to it. Sampling is counted as a GPU runs it: with `PICK_OUT` off (the speed layer's setting off the
+the CUDA loop to it. Sampling is counted as a GPU runs it: with `FREE_READS` off (the speed layer's setting off the
 CPU, gemma4/sampling.py), where nothing waits for the device but the one read of the tokens."""
 
 import pytest
@@ -58,7 +58,7 @@ def test_sampling_reads_once_and_picks_nothing_out_as_on_a_gpu(models, shape: st
     target, assistant = models[shape, "echo"]
     picked = per_step(target, assistant, prompt("long"), TOKENS, k=4, profile=True)["syncing_ops"]
     assert picked["sampled_plain_step"] >= 1  # the CPU's rule: `nonzero` picks the candidates out, and the counter sees it
-    monkeypatch.setattr(sampling, "PICK_OUT", False)
+    monkeypatch.setattr(sampling, "FREE_READS", False)
     counts = per_step(target, assistant, prompt("long"), TOKENS, k=4, profile=True)
     reads, ops = counts["host_reads"], counts["syncing_ops"]
     # A sampled token is read once (plain), and a sampled round reads no more than a greedy one: the drafts, then
@@ -73,10 +73,10 @@ def test_sampling_reads_once_and_picks_nothing_out_as_on_a_gpu(models, shape: st
 def test_a_batch_round_reads_as_one_row_and_its_clocks_run_after_the_read(models, sampled: bool,  # noqa: ANN001
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy: one read of every row's argmax, before any row's schedule reads its clock (`auto` times the round
-    from next() to observe(): a clock read before the device finished would time the launch). Sampled (PICK_OUT
+    from next() to observe(): a clock read before the device finished would time the launch). Sampled (FREE_READS
     off): one read a row."""
     target, assistant = models["e2b", "echo"]
-    monkeypatch.setattr(sampling, "PICK_OUT", False)
+    monkeypatch.setattr(sampling, "FREE_READS", False)
     prompts = [prompt("long", seed=s) for s in (1, 2, 3)]
     events: list[tuple[str, int]] = []
     with host_reads() as reads:
