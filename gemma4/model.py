@@ -348,8 +348,9 @@ class Gemma4Model(nn.Module):
         return self.norm(h), source_kv
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Post-norm hidden (..., E) -> softcapped logits (..., V) through the tied head."""
+        """Post-norm hidden (..., E) -> softcapped logits (..., V), at least float32, through the tied head."""
         logits = self.head(hidden, self.embed_tokens.weight)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # a bf16 cap would round logits into ties
         if cap := self.config.final_logit_softcapping:
             logits = torch.tanh(logits / cap) * cap
         return logits

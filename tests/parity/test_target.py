@@ -120,6 +120,18 @@ def test_bf16_runs_and_mostly_agrees(tmp_path: Path) -> None:
     assert float((a - b).abs().mean()) < 0.15 * float(a.abs().mean())  # 0.08 of the scale measured
 
 
+def test_a_bfloat16_heads_logits_are_capped_in_float32(tmp_path: Path) -> None:
+    """The head's bfloat16 output is cast once, then capped in float32: capping in bfloat16 would round distinct
+    outputs to one value, ties that an argmax breaks by id (decode and verify alike, but not by the model)."""
+    model = load_target(write_target(tmp_path, "e2b", dtype=torch.bfloat16), dtype=torch.bfloat16)
+    out = model.run(torch.tensor([prompt(24, 8)]))
+    raw = model.head(out.hidden, model.embed_tokens.weight)  # (1, T, V) bfloat16
+    cap = model.config.final_logit_softcapping
+    assert out.logits.dtype == torch.float32 and torch.equal(out.logits, torch.tanh(raw.float() / cap) * cap)
+    distinct = lambda x: sum(len(row.unique()) for row in x[0])  # noqa: E731
+    assert distinct(out.logits) == distinct(raw) > distinct(torch.tanh(raw / cap) * cap)
+
+
 def test_stop_ids_are_read_from_the_written_checkpoint(checkpoint: tuple[str, Path]) -> None:
     """The files the tests write list the IT releases' stop ids, and we read them as transformers does."""
     _, path = checkpoint
