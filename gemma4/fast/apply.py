@@ -102,12 +102,13 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     for name, module in list(model.named_modules()):
         if type(module) is RMSNorm:  # the same weight, normed in fewer calls (gemma4/fast/norms.py)
             _swap(model, name, FastRMSNorm(module))
-    if next(model.parameters()).device.type != "cpu":  # a host read would stall the device:
+    device = next(model.parameters()).device.type
+    if device != "cpu":  # a host read would stall the device:
         gather_experts(model)  # MoE: one a layer (gemma4/fast/experts.py)
         sampling.FREE_READS = False  # sampling: rows stay whole, no `nonzero` (process-wide, gemma4/sampling.py)
-        if getattr(model, "embed_tokens_per_layer", None) is not None:  # the PLE table's rows, pinned (staging.py)
-            model.per_layer_rows = StagedRows(model)
-    if next(model.parameters()).device.type == "cuda":
+        if getattr(model, "embed_tokens_per_layer", None) is not None:  # the PLE table's rows, staged (staging.py)
+            model.per_layer_rows = StagedRows(model, pin=device == "cuda")
+    if device == "cuda":
         choose_attention()
     return list(choices.values())
 
