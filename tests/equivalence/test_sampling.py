@@ -265,9 +265,8 @@ def test_argmax_drafting_equals_plain_sampling(models, shape: str, drafter: str,
     assert result.finish_reason == "length"
 
 
-@pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_rows_kept_whole_as_on_a_gpu(models, shape: str, drafter: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_rows_kept_whole_as_on_a_gpu(models, shape: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     """FREE_READS off (the speed layer's setting off the CPU): the same rule over every id of a row. The probabilities
     are the picked-out ones (to float32 rounding: the softmax sums over more terms), and speculative sampling again
     equals plain sampling token for token; sample drafting runs and repeats itself."""
@@ -276,7 +275,7 @@ def test_rows_kept_whole_as_on_a_gpu(models, shape: str, drafter: str, monkeypat
     monkeypatch.setattr(sampling, "FREE_READS", False)
     whole = warp(logits, SamplerConfig(**SAMPLER))
     assert torch.equal(whole > 0, picked > 0) and torch.allclose(whole, picked, rtol=1e-5, atol=1e-7)
-    target, draft_model = models[shape, drafter]
+    target, draft_model = models[shape, "echo"]  # partly right: drafts kept and rejected
     sampler, budget = SamplerConfig(**SAMPLER, seed=1), 16
     expected = sample_generate(target, prompt("long"), budget, sampler)  # not `plain`: it remembers picked-out runs
     assert speculative_generate(target, draft_model, prompt("long"), budget, DraftLength(3), sampler=sampler).tokens \
