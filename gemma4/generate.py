@@ -139,10 +139,13 @@ class Generated(NamedTuple):
     finish_reason: str  # "stop" or "length" (the budget, or the model's context)
 
 
-def choose(logits: torch.Tensor, sampler: SamplerConfig | None, position: int) -> int:
-    """The token at absolute `position` from the logits (1, V) of the position before: the argmax without a
-    sampler, else its keyed sample. Plain decoding's tokens and every loop's first (verifies: mtp/accept.py)."""
-    return int(logits[0].argmax()) if sampler is None else sample(logits, sampler, TOKEN_STREAM, [position])[0]
+def choose(logits: torch.Tensor, samplers: Sequence[SamplerConfig | None], positions: list[int]) -> list[int]:
+    """Row i's token at absolute positions[i] from the logits (B, V) of the position before: the argmax without a
+    sampler (all such rows in one read of the device), else its keyed sample. Plain decoding's tokens and every
+    loop's first (verifies: mtp/accept.py)."""
+    greedy = logits.argmax(dim=-1).tolist() if None in samplers else None  # (B,)
+    return [greedy[i] if s is None else sample(logits[i:i + 1], s, TOKEN_STREAM, [n])[0]
+            for i, (s, n) in enumerate(zip(samplers, positions))]
 
 
 @torch.inference_mode()
@@ -166,9 +169,9 @@ def decode(
     seqs, results = [list(p) for p in prompts], [None] * len(prompts)
     rows = list(range(len(prompts)))  # cache row i holds prompt rows[i]
     while True:
-        going = []
+        going, tokens = [], choose(logits, [samplers[b] for b in rows], [len(seqs[b]) for b in rows])
         for i, b in enumerate(rows):  # row b's token at its own position len(seqs[b])
-            seqs[b].append(choose(logits[i:i + 1], samplers[b], len(seqs[b])))
+            seqs[b].append(tokens[i])
             if on_token:
                 on_token(b, seqs[b][-1])
             if reason := finish_reason(seqs[b], len(prompts[b]), budgets[b], stops[b], context):

@@ -98,7 +98,7 @@ def speculative_rows(
     #    nothing for a reused prefix: it keeps no cache, and reads the target's K/V and the hidden of the
     #    prompt's last position, both the prefill's.
     logits, hidden = prefill(target, cache, prompts, reuse, prefill_chunk, images)  # (B, V), (B, E) h[t_b-1]
-    seqs = [list(p) + [choose(logits[b:b + 1], samplers[b], len(p))] for b, p in enumerate(prompts)]
+    seqs = [list(p) + [first] for p, first in zip(prompts, choose(logits, samplers, [len(p) for p in prompts]))]
     stats = [SpecStats(target_forwards=1, emitted=1) for _ in prompts]  # their clocks start now
     results: list[SpecResult | None] = [None] * len(prompts)
     for b, seq in enumerate(seqs if on_commit else []):

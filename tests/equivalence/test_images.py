@@ -47,7 +47,7 @@ def cache_free(target: Gemma4Model, ids: list[int], images: PromptImages, n: int
     seq = list(ids)
     for _ in range(n):
         out = target.run(torch.tensor([seq]), soft=images.soft([0], len(seq), torch.device("cpu")))
-        seq.append(choose(out.logits[:, -1], sampler, len(seq)))
+        seq += choose(out.logits[:, -1], [sampler], [len(seq)])
     return seq[len(ids):]
 
 

@@ -10,6 +10,7 @@ import torch
 from bench.syncs import METHODS, SAMPLED, host_reads, per_step
 from gemma4 import sampling
 from gemma4.sampling import TOKEN_STREAM, sample
+from gemma4.generate import decode
 from mtp import DraftLength, speculative_generate_batch
 from tests.pairs import DRAFTERS, prompt
 from tests.checkpoints import SHAPES
@@ -99,3 +100,11 @@ def test_a_batch_round_reads_as_one_row_and_its_clocks_run_after_the_read(models
     # position and checks for a hole (`int`, `bool`): two reads a forward, whatever the rows.
     most = rounds * (1 + (len(prompts) if sampled else 1))
     assert rounds * (2 if sampled else 1) <= reads.by_method["tolist"] <= most, (reads, rounds)
+
+
+def test_a_plain_batch_step_reads_every_rows_argmax_at_once(models) -> None:  # noqa: ANN001
+    target, _ = models["e2b", "echo"]
+    prompts = [prompt("long", seed=s) for s in (1, 2, 3)]
+    with host_reads() as reads:
+        decode(target, prompts, 8)
+    assert reads.by_method["tolist"] == 8  # the prefill's first tokens, then 7 steps: one read each, not one a row

@@ -21,8 +21,8 @@ def test_the_path_is_short_and_holds_no_kernel_code() -> None:
     assert not any(m.startswith(("gemma4.fast", "mtp.extras", "gemma4.extras")) for m in path)
     # batches joined the path at 1,500 lines; images (the both-ways mask, the soft tokens, the prefill's chunks, the soft-token check) at
     # 1,520; sampling that never waits for a GPU (FREE_READS: no `nonzero`, a verify's draws read at once) and one
-    # argmax read a batch round at 1,539; a bfloat16 head capped in float32 at 1,540
-    assert sum(path.values()) <= 1540, path
+    # argmax read a batch round or step at 1,543 (with a bfloat16 head capped in float32)
+    assert sum(path.values()) <= 1543, path
     for module in path:
         text = module_file(module).read_text().lower()
         assert not any(word in text for word in KERNEL_WORDS), module
