@@ -1,17 +1,18 @@
-"""Gemma 4 text model (the *target*) in pure PyTorch: config, model, KV cache, loading, decoding."""
+"""Gemma 4 text model (the *target*) in pure PyTorch: config, model, KV cache, loading, decoding.
+Its names are imported from their modules on first use (PEP 562): importing the model, the cache, decoding loads no loader."""
 
-from gemma4.cache import KVCache
-from gemma4.config import ConfigError, TextConfig
-from gemma4.config_file import load_config
-from gemma4.generate import Generated, decode, greedy_generate, sample_generate
-from gemma4.reference import reference_greedy
-from gemma4.model import Gemma4Model, ModelOutput
-from gemma4.sampling import SamplerConfig
-from gemma4.tokenizer import Gemma4Tokenizer, Message
-from gemma4.weights import CheckpointError, load_target
+from importlib import import_module
 
-__all__ = [
-    "CheckpointError", "ConfigError", "Gemma4Model", "Gemma4Tokenizer", "Generated", "KVCache", "Message",
-    "ModelOutput", "SamplerConfig", "TextConfig", "decode", "greedy_generate", "load_config", "load_target",
-    "reference_greedy", "sample_generate",
-]
+WHERE = {name: module for module, names in {
+    "cache": "KVCache", "config": "ConfigError TextConfig", "config_file": "load_config",
+    "generate": "Generated decode greedy_generate sample_generate", "rows": "Request", "model": "Gemma4Model ModelOutput",
+    "reference": "reference_greedy", "sampling": "SamplerConfig", "tokenizer": "Gemma4Tokenizer Message",
+    "weights": "CheckpointError load_target",
+}.items() for name in names.split()}
+__all__ = sorted(WHERE)
+
+
+def __getattr__(name: str) -> object:
+    if name not in WHERE:
+        raise AttributeError(f"module 'gemma4' has no attribute {name!r}")
+    return getattr(import_module(f"gemma4.{WHERE[name]}"), name)

@@ -9,8 +9,8 @@ Design: gemma4/README.md (cited as §n). Facts a reader must know:
   the same forward (§3). Those two source layers' K/V are what the MTP drafter reads.
 - Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block (26B-A4B) runs
   beside the dense MLP, not instead of it (§10).
-- A batch of rows may sit at different positions (mtp/README.md §12): `start_pos` is then a (B,) tensor, and RoPE,
-  masks and cache writes are per row. Every projection is a plain `nn.Linear` without bias.
+- Every forward is of rows that may sit at different positions (mtp/README.md §12): `start_pos` (B,) holds each
+  row's; RoPE, masks and cache writes are per row. One prompt is one row. Projections are `nn.Linear`, no bias.
 
 Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim, E hidden size, V vocab,
 L layers, P PLE width."""
@@ -26,6 +26,7 @@ from gemma4.cache import KV, KVCache, Slots
 from gemma4.config import SLIDING, RopeConfig, TextConfig
 from gemma4.moe import Experts, Router
 from gemma4.norms import RMSNorm, gelu, rms_norm
+from gemma4.sampling import TEXTBOOK
 
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
@@ -51,67 +52,64 @@ def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> t
 
 
 def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions (T,) or per row (B, T) -> cos and *signed* sin (T, 1, D) or (B, T, 1, D), ready to
-    broadcast over heads; see apply_rope for the sign."""
-    angles = positions.float()[..., None] * freqs  # (T, D/2) or (B, T, D/2), fp32
+    """positions (B, T) -> cos and *signed* sin (B, T, 1, D), ready to broadcast over heads; see apply_rope for
+    the sign."""
+    angles = positions.float()[..., None] * freqs  # (B, T, D/2), fp32
     cos, sin = angles.cos(), angles.sin()
-    cos = torch.cat([cos, cos], dim=-1)  # (T, D): dims i and i + D/2 share an angle
-    sin = torch.cat([-sin, sin], dim=-1)  # (T, D): the minus of rot(x)'s first half, moved onto sin
-    return cos[..., None, :].to(dtype), sin[..., None, :].to(dtype)  # (T, 1, D) or (B, T, 1, D)
+    cos = torch.cat([cos, cos], dim=-1)  # (B, T, D): dims i and i + D/2 share an angle
+    sin = torch.cat([-sin, sin], dim=-1)  # (B, T, D): the minus of rot(x)'s first half, moved onto sin
+    return cos[..., None, :].to(dtype), sin[..., None, :].to(dtype)  # (B, T, 1, D)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, T, H, D); rotate-half layout: pair i is (i, i + D/2), not interleaved.
     x·cos + rot(x)·sin with rot(x) = (-x2, x1): the swap is one `roll`, the sign sits in `sin`."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, H, D) * ((B,) T, 1, D)
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, H, D) * (B, T, 1, D)
 
 
 # ---------------------------------------------------------------- masks (§8)
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
-                   image: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """q_pos (T,), k_pos (S,) -> (T, S) bool, True = visible: key j to query p iff j <= p (and
-    p - window < j). The one mask helper: prefill, one-token decode, (K+1)-token verification and the
-    drafter. Keys are known by their absolute positions, so a sliding layer's ring (slots in any order, stale
-    or empty ones among them, gemma4/cache.py) is masked by the same comparison. Per-row query positions
-    (B, T) or key positions (B, S) give (B, 1, T, S), one mask for all heads of a row; a key past a row's own
-    positions is a stale slot, and j <= p hides it. `image` (lo, hi), each (B, T): query p also sees the keys
-    lo <= j < hi of the image it sits in, ahead of it too (lo = hi for a text token; §19)."""
-    p = q_pos[..., None]  # (T, 1) or (B, T, 1)
-    k = k_pos if k_pos.dim() == 1 else k_pos[:, None, :]  # (S,) or (B, 1, S)
-    visible = k <= p  # (T, S) or (B, T, S)
-    if image is not None:  # OR, then the window's AND: both ways only within the window
-        visible = visible | ((k >= image[0][..., None]) & (k < image[1][..., None]))  # (B, T, S)
+                   both_ways: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """q_pos (B, T), k_pos (B, S) or (1, S) -> (B, 1, T, S) bool, True = visible, one mask for all heads of a row:
+    key j to query p iff j <= p (and p - window < j). The one mask helper: prefill, one-token decode, (K+1)-token
+    verification and the drafter. Keys are known by their absolute positions, so a sliding layer's ring (slots in
+    any order, stale or empty ones among them, gemma4/cache.py) is masked by the same comparison, and so is a key
+    past a row's own positions (a stale slot: j <= p hides it). `both_ways` (lo, hi), each (B, T): query p also
+    sees the keys lo <= j < hi of the span it sits in, ahead of it too (an image; lo = hi elsewhere; §19)."""
+    p, k = q_pos[..., None], k_pos[:, None, :]  # (B, T, 1), (B, 1, S)
+    visible = k <= p  # (B, T, S)
+    if both_ways is not None:  # OR, then the window's AND: both ways only within the window
+        visible = visible | ((k >= both_ways[0][..., None]) & (k < both_ways[1][..., None]))
     if window is not None:
         visible &= k > p - window
-    return visible if visible.dim() == 2 else visible[:, None]
+    return visible[:, None]  # (B, 1, T, S)
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(T, S) bool -> (T, S) 0 / -inf, once per forward (SDPA would convert a bool mask in every layer)."""
+    """bool -> 0 / -inf of the same shape, once per forward (SDPA would convert a bool mask in every layer)."""
     return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
 
 
 class LayerInputs(NamedTuple):
     """What every layer of one type needs for one forward, computed once per type."""
-    cos: torch.Tensor  # (T, 1, D), per row (B, T, 1, D)
+    cos: torch.Tensor  # (B, T, 1, D)
     sin: torch.Tensor  # the same shape, signed: see apply_rope
-    mask: torch.Tensor  # (T, S) or (B, 1, T, S) additive over the keys read
+    mask: torch.Tensor  # (B, 1, T, S) additive over the keys read
 
 
-def layer_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, int | torch.Tensor], dtype: torch.dtype,
-                 shift: int = 0, image: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, LayerInputs]:
-    """RoPE at `positions` ((T,), or (B, T) per row) and masks over the keys each layer type reads, once per type:
-    keys[type] is n (positions 0..n-1) or the positions of the slots read ((S,) or (B, S): a sliding ring).
-    The target's queries see keys up to their own position (shift 0). The drafter passes shift 1: its query
-    at t sees the target's keys 0..t-1, and its sliding layers one key more than the target's (mtp §5).
-    `image`: an image's tokens see each other both ways on sliding layers only; full layers stay causal (§19)."""
+def layer_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, torch.Tensor], dtype: torch.dtype,
+                 shift: int = 0, both_ways: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, LayerInputs]:
+    """RoPE at `positions` (B, T) and masks over the keys each layer type reads, once per type: keys[type] holds the
+    positions of the slots read, (1, S) or (B, S). The target's queries see keys up to their own position
+    (shift 0). The drafter passes shift 1: its query at t sees the target's keys 0..t-1, and its sliding layers one
+    key more than the target's (mtp §5). `both_ways`: an image's tokens see each other both ways on sliding layers
+    only; full layers stay causal (§19)."""
     out = {}
     for kind in set(c.layer_types):
         window = c.sliding_window + shift if kind == SLIDING else None
-        k = torch.arange(keys[kind], device=positions.device) if isinstance(keys[kind], int) else keys[kind]
-        both = image if kind == SLIDING else None
-        mask = additive_mask(attention_mask(positions - shift, k, window, both), dtype)  # (T, S) or (B, 1, T, S)
+        both = both_ways if kind == SLIDING else None
+        mask = additive_mask(attention_mask(positions - shift, keys[kind], window, both), dtype)  # (B, 1, T, S)
         head_dim = c.head_dims[c.layer_types.index(kind)]
         cos, sin = rope_cos_sin(positions, rope_frequencies(c.rope[kind], head_dim, positions.device), dtype)
         out[kind] = LayerInputs(cos, sin, mask)
@@ -119,7 +117,7 @@ def layer_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, int | t
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q (B, T, H, D), k/v (B, K, S, D), mask (T, S) or (B, 1, T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
+    """q (B, T, H, D), k/v (B, K, S, D), mask (B, 1, T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
     return out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
 
@@ -245,10 +243,10 @@ class TiedHead(nn.Module):
 
 
 class Soft(NamedTuple):
-    """One forward's image soft tokens (§19; built by gemma4/vision/prompt.py)."""
-    where: torch.Tensor  # (B, T) bool: the positions an image's vectors replace
+    """One forward's soft embeddings (images, audio: gemma4/media.py builds them; §19): plain tensors."""
+    where: torch.Tensor  # (B, T) bool: the positions whose embedding a vector replaces
     vectors: torch.Tensor  # (n, E): those vectors, in row-major order of `where`
-    image: tuple[torch.Tensor, torch.Tensor] | None  # (lo, hi) (B, T) for `attention_mask`; None: causal only
+    both_ways: tuple[torch.Tensor, torch.Tensor] | None  # (lo, hi) (B, T) for `attention_mask`; None: causal only
 
 
 class ModelOutput(NamedTuple):
@@ -269,6 +267,7 @@ class Gemma4Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(e, config.rms_norm_eps)
         self.head = TiedHead()
+        self.sampling = TEXTBOOK  # how its logits are drawn; the speed layer may give a model its own (sampling.py)
         if config.ple_dim:
             vp, lp = config.ple_vocab_size, config.num_layers * config.ple_dim
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))
@@ -299,20 +298,18 @@ class Gemma4Model(nn.Module):
         return self.run(input_ids).logits
 
     def run(
-        self, input_ids: torch.Tensor, cache: KVCache | None = None, start_pos: int | torch.Tensor = 0,
+        self, input_ids: torch.Tensor, cache: KVCache | None = None, start_pos: torch.Tensor | None = None,
         num_logits: int | None = None, soft: Soft | None = None,
     ) -> ModelOutput:
-        """input_ids (B, T) at positions start_pos..start_pos+T-1; per row when start_pos is a (B,) tensor.
+        """input_ids (B, T), row b at positions start_pos[b]..start_pos[b]+T-1 (start_pos (B,) on the host; None: 0).
 
         With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding layers:
         what their ring holds of it); the caller moves `cache.length`. Without one, the forward starts at position
         0. `num_logits`: the head on the last n positions only (0: none, a ragged batch takes each row's own).
-        `soft`: image vectors in place of the soft tokens' embeddings (§19)."""
+        `soft`: vectors in place of some positions' embeddings (§19)."""
         c = self.config
-        if cache is None and (not isinstance(start_pos, int) or start_pos != 0):
-            raise ValueError("a forward without a cache starts at position 0")
         b, t = input_ids.shape
-        if soft is not None:  # a soft token's PLE rows are the pad token's (id 0), its embedding the image's vector
+        if soft is not None:  # a soft token's PLE rows are the pad token's (id 0), its embedding the given vector
             input_ids = input_ids.masked_fill(soft.where.cpu(), 0)
         # The loops pass host ids; non_blocking: the upload need not wait for the device's queue to drain.
         x = self.embed(input_ids.to(self.embed_tokens.weight.device, non_blocking=True))  # (B, T, E)
@@ -320,12 +317,16 @@ class Gemma4Model(nn.Module):
         if soft is not None:
             x = x.masked_scatter(soft.where[..., None].to(x.device), soft.vectors.to(x.dtype))
         ple = self.per_layer_inputs(tok, x) if c.ple_dim else None  # (B, T, L, P): from the vectors too
+        start = torch.zeros(b, dtype=torch.long) if start_pos is None else start_pos  # (B,)
         if cache is None:  # positions 0..T-1, every layer reading this forward's keys
-            positions, slots, keys = torch.arange(t, device=x.device), None, {kind: t for kind in c.layer_types}
-        else:  # where the K/V go (per row when start_pos is a tensor) and which keys each type reads, once
-            slots = cache.claim(start_pos, t)
-            positions, keys = slots.positions, slots.keys  # (T,) or (B, T)
-        inputs = layer_inputs(c, positions, keys, x.dtype, image=None if soft is None else soft.image)
+            if bool(start.any()):
+                raise ValueError("a forward without a cache starts at position 0")
+            positions, slots = torch.arange(t, device=x.device)[None], None  # (1, T): every row's
+            keys = {kind: positions for kind in c.layer_types}
+        else:  # where the K/V go and which keys each type reads, once
+            slots = cache.claim(start, t)
+            positions, keys = slots.positions, slots.keys  # (B, T)
+        inputs = layer_inputs(c, positions, keys, x.dtype, both_ways=None if soft is None else soft.both_ways)
         hidden, source_kv = self.stack(x, ple, inputs, cache, slots)
         n = t if num_logits is None else num_logits
         shared_kv = {kind: KV(k, v, keys[kind]) for kind, (k, v) in source_kv.items()}

@@ -7,8 +7,10 @@ Facts a reader must know:
   a stable sort puts them: the higher ids are kept first).
 - A row is warped into its *candidates*: ids and their probabilities, every token that can still be drawn among
   them. `warp_row` is the rule on the whole row; `candidates` runs it on the k largest logits alone when top-k is
-  set (a 262k-token row is sorted only without top-k) and keeps the ids with p > 0, or, with `FREE_READS` off (no
-  `nonzero`: it waits for a GPU), keeps all V ids, where p = 0 never wins a draw. `warp` scatters into (N, V).
+  set (a 262k-token row is sorted only without top-k) and keeps the ids with p > 0. `warp` scatters into (N, V).
+- The rule is a `Sampling` that each model holds (`model.sampling`). Picking the ids with p > 0 out (`support`)
+  reads the device; where a read waits for the device's queue (a GPU), the speed layer gives that model its own
+  rule, which keeps every id (p = 0 never wins a draw): gemma4/fast/sampling.py. Nothing here is process-wide.
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then sends every other
   token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as its limit, the argmax.
 - A token at absolute position n is `argmax_x p(x) / E_n(x)` over the candidates, E_n(x) ~ Exp(1) i.i.d. (the
@@ -22,6 +24,7 @@ Facts a reader must know:
 Shape legend: N rows (positions), V vocab, M candidates of one row."""
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -32,9 +35,6 @@ TOKEN_STREAM, DRAFT_STREAM, ACCEPT_STREAM = 0, 1, 2
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2^64 / golden ratio, odd
 MIX = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 1))  # splitmix64's finaliser: (shift, multiplier)
-# A read of the device is free (the CPU): ids are picked out (`support`), the keyed rule draws a verify's rows one at
-# a time (mtp/accept.py). The speed layer turns it off on a GPU: rows stay whole, a verify's rows are read at once.
-FREE_READS = True
 
 
 @dataclass(frozen=True)
@@ -76,30 +76,52 @@ def warp_row(x: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
     return z.softmax(dim=-1)
 
 
-def candidates(logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row of logits (V,) -> ids (M,) ascending and their probabilities (M,). With top-k, `warp_row` runs on the
-    logits >= the k-th largest alone (their maximum, order and top-p sums are the whole row's: the others would add
-    probability 0, and top-k again keeps all of them)."""
-    ids = torch.arange(logits.shape[0], device=logits.device)  # (V,)
-    if 0 < cfg.top_k < logits.shape[0]:
-        ids = support(logits >= logits.topk(cfg.top_k).values[-1])  # (M,) ties at the k-th stay
-    probs = warp_row(logits[ids], cfg)  # (M,)
-    kept = support(probs)
-    return ids[kept], probs[kept]
+class Sampling:
+    """How a model's logits become tokens: candidates picked out, warped, drawn with keyed noise. Every method
+    reads the device at most once for a step's tokens (`sample`, `draws`' first token)."""
+
+    def support(self, x: torch.Tensor) -> torch.Tensor:
+        """x (M,), bool or probabilities -> the indices where x is nonzero."""
+        return x.nonzero().flatten()
+
+    def candidates(self, logits: torch.Tensor, cfg: SamplerConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """One row of logits (V,) -> ids (M,) ascending and their probabilities (M,). With top-k, `warp_row` runs on
+        the logits >= the k-th largest alone (their maximum, order and top-p sums are the whole row's: the others
+        would add probability 0, and top-k again keeps all of them)."""
+        ids = torch.arange(logits.shape[0], device=logits.device)  # (V,)
+        if 0 < cfg.top_k < logits.shape[0]:
+            ids = self.support(logits >= logits.topk(cfg.top_k).values[-1])  # (M,) ties at the k-th stay
+        probs = warp_row(logits[ids], cfg)  # (M,)
+        kept = self.support(probs)
+        return ids[kept], probs[kept]
+
+    def warp(self, logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
+        """logits (N, V) -> probabilities (N, V) in fp32: each row's candidates, 0 everywhere else."""
+        out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)  # (N, V)
+        for row, x in zip(out, logits):
+            ids, probs = self.candidates(x, cfg)
+            row[ids] = probs
+        return out
+
+    def sample(self, logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int]) -> list[int]:
+        """logits (N, V), row i the token at positions[i] -> N tokens: warp and draw, candidates only; one read."""
+        tokens = [keyed_choice(*self.candidates(x, cfg), cfg.seed, stream, n) for x, n in zip(logits, positions)]
+        return torch.cat(tokens).tolist()  # (1,) each until this read
+
+    def draws(self, logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int]) -> Iterator[int]:
+        """`sample`'s tokens one at a time, each drawn when it is asked for: a verify whose drafts part from the
+        target's tokens early draws none of the rows after (mtp/accept.py)."""
+        return (self.sample(logits[i:i + 1], cfg, stream, [n])[0] for i, n in enumerate(positions))
+
+    def keyed_sample(self, probs: torch.Tensor, seed: int, stream: int, positions: list[int]) -> torch.Tensor:
+        """probs (N, V), row i the distribution of the token at positions[i] -> (N,) tokens on the device, not read:
+        each argmax p / E over the tokens with p > 0. The same token `sample` draws from warped logits."""
+        ids = [self.support(row) for row in probs]  # (M_i,) each
+        return torch.cat([keyed_choice(i, row[i], seed, stream, n) for i, row, n in zip(ids, probs, positions)])
 
 
-def support(x: torch.Tensor) -> torch.Tensor:
-    """x (M,), bool or probabilities -> the indices where x is nonzero; all M of them with FREE_READS off."""
-    return x.nonzero().flatten() if FREE_READS else torch.arange(x.shape[0], device=x.device)
-
-
-def warp(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
-    """logits (N, V) -> probabilities (N, V) in fp32: each row's candidates, 0 everywhere else."""
-    out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)  # (N, V)
-    for row, x in zip(out, logits):
-        ids, probs = candidates(x, cfg)
-        row[ids] = probs
-    return out
+TEXTBOOK = Sampling()  # a model's rule unless the speed layer gives it another
+candidates, warp, sample, keyed_sample = TEXTBOOK.candidates, TEXTBOOK.warp, TEXTBOOK.sample, TEXTBOOK.keyed_sample
 
 
 # ---------------------------------------------------------------- keyed noise
@@ -153,19 +175,6 @@ def keyed_choice(ids: torch.Tensor, weights: torch.Tensor, seed: int, stream: in
     not. An exact tie goes to the first maximum: the lowest id. -> (1,) on their device, not read (a read waits)."""
     score = weights / exponential_noise(seed, stream, position, ids)  # (M,) float64: the noise's dtype wins
     return ids[score.argmax(dim=0, keepdim=True)]  # (1,)
-
-
-def sample(logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int]) -> list[int]:
-    """logits (N, V), row i the token at positions[i] -> N tokens: warp and draw, candidates only; one read."""
-    tokens = [keyed_choice(*candidates(x, cfg), cfg.seed, stream, n) for x, n in zip(logits, positions)]  # (1,) each
-    return torch.cat(tokens).tolist()
-
-
-def keyed_sample(probs: torch.Tensor, seed: int, stream: int, positions: list[int]) -> torch.Tensor:
-    """probs (N, V), row i the distribution of the token at positions[i] -> (N,) tokens on the device, not read:
-    each argmax p / E over the tokens with p > 0. The same token `sample` draws from warped logits."""
-    ids = [support(row) for row in probs]  # (M_i,) each
-    return torch.cat([keyed_choice(i, row[i], seed, stream, n) for i, row, n in zip(ids, probs, positions)])
 
 
 def keyed_uniform(seed: int, stream: int, position: int) -> float:

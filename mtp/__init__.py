@@ -1,13 +1,17 @@
-"""Gemma 4 Multi-Token-Prediction drafter and the hand-written speculative decoding loop."""
+"""Gemma 4 Multi-Token-Prediction drafter and the hand-written speculative decoding loop.
+Its names are imported from their modules on first use (PEP 562): importing the loop loads no loader."""
 
-from mtp.drafter import Drafter, DrafterConfig
-from mtp.extras.conversation import ContextFull, Conversation, Reply
-from mtp.loading import check_pair, load_drafter
-from mtp.schedule import SCHEDULES, DraftLength
-from mtp.speculative import speculative_generate, speculative_generate_batch
-from mtp.stats import SpecResult, SpecStats
+from importlib import import_module
 
-__all__ = [
-    "SCHEDULES", "ContextFull", "Conversation", "DraftLength", "Drafter", "DrafterConfig", "Reply", "SpecResult",
-    "SpecStats", "check_pair", "load_drafter", "speculative_generate", "speculative_generate_batch",
-]
+WHERE = {name: module for module, names in {
+    "drafter": "Drafter DrafterConfig", "extras.conversation": "ContextFull Conversation Reply",
+    "loading": "check_pair load_drafter", "schedule": "SCHEDULES DraftLength",
+    "speculative": "speculative_generate speculative_rows", "batch": "speculative_generate_batch", "stats": "SpecResult SpecStats",
+}.items() for name in names.split()}
+__all__ = sorted(WHERE)
+
+
+def __getattr__(name: str) -> object:
+    if name not in WHERE:
+        raise AttributeError(f"module 'mtp' has no attribute {name!r}")
+    return getattr(import_module(f"mtp.{WHERE[name]}"), name)

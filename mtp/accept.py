@@ -7,27 +7,29 @@ Each rule gets the drafts d_1..d_K and the verify's logits rows 0..K (row i: the
   there; keep d_i while d_i == g_{i-1}. This is the rejection rule for a one-hot q.
 - rejection (§11, sample drafting): keep d_i iff u_i · q_i(d_i) < p_i(d_i); the first rejection is replaced by a draw
   from max(0, p - q), the bonus drawn from the last row (Leviathan et al. 2023). Every draw is keyed by (seed,
-  stream, position) alone (gemma4/sampling.py), never by how many came before."""
+  stream, position) alone (gemma4/sampling.py), never by how many came before.
+The sampling rules draw with the target's own rule (`target.sampling`: `rule` here)."""
+
+from collections.abc import Iterable
 
 import torch
 
-from gemma4 import sampling
-from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, SamplerConfig, candidates, keyed_choice, keyed_uniform, sample
+from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, SamplerConfig, Sampling, keyed_choice, keyed_uniform
 
 
-def accept(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int, q: torch.Tensor | None,
-           greedy: list[int] | None) -> tuple[int, int]:
+def accept(rule: Sampling, drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int,
+           q: torch.Tensor | None, greedy: list[int] | None) -> tuple[int, int]:
     """The rule of this run: greedy without a sampler (`greedy`: the argmax of logits, g_0..g_K, which the loop reads
     for every row at once); the rejection rule with the drafter's q (K, V) (sample drafting); keyed samples
-    otherwise. logits (K+1, V) of positions t+1..t+K+1. A sampling rule reads the device once."""
+    otherwise. logits (K+1, V) of positions t+1..t+K+1."""
     if sampler is None:
         return agree(drafts, greedy)
     if q is not None and drafts:
-        return accept_rejection(drafts, q, logits, sampler, t)
-    return accept_keyed(drafts, logits, sampler, t)
+        return accept_rejection(rule, drafts, q, logits, sampler, t)
+    return agree(drafts, rule.draws(logits, sampler, TOKEN_STREAM, list(range(t + 1, t + len(drafts) + 2))))
 
 
-def cut_at_stop(block: list[int], stop_ids: list[int] | tuple[int, ...]) -> list[int]:
+def cut_at_stop(block: list[int], stop_ids: tuple[int, ...]) -> list[int]:
     """A committed block ends at its first stop id (kept): what would follow is never emitted."""
     for i, token in enumerate(block):
         if token in stop_ids:
@@ -35,40 +37,29 @@ def cut_at_stop(block: list[int], stop_ids: list[int] | tuple[int, ...]) -> list
     return block
 
 
-def agree(drafts: list[int], tokens: list[int]) -> tuple[int, int]:
-    """Keep d_i while d_i == g_{i-1}, the target's token at its position."""
-    a = 0
-    while a < len(drafts) and drafts[a] == tokens[a]:
-        a += 1
-    return a, tokens[a]
+def agree(drafts: list[int], tokens: Iterable[int]) -> tuple[int, int]:
+    """Keep d_i while d_i == g_{i-1}, the target's token at its position (`tokens` g_0..g_K, taken as needed)."""
+    for a, g in enumerate(tokens):
+        if a == len(drafts) or drafts[a] != g:
+            return a, g
 
 
-def accept_keyed(drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig, t: int) -> tuple[int, int]:
-    """Where reads are free (sampling.FREE_READS), rows past the first mismatch are never drawn; elsewhere every row
-    is drawn on the device and all are read at once, those past the first mismatch then discarded."""
-    if not sampling.FREE_READS:
-        return agree(drafts, sample(logits, sampler, TOKEN_STREAM, list(range(t + 1, t + len(drafts) + 2))))
-    for i in range(len(drafts) + 1):
-        g = sample(logits[i:i + 1], sampler, TOKEN_STREAM, [t + 1 + i])[0]
-        if i == len(drafts) or drafts[i] != g:
-            return i, g
-
-
-def accept_rejection(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, sampler: SamplerConfig, t: int
-                     ) -> tuple[int, int]:
+def accept_rejection(rule: Sampling, drafts: list[int], q: torch.Tensor, logits: torch.Tensor,
+                     sampler: SamplerConfig, t: int) -> tuple[int, int]:
     """q (K, V) the drafter's warped rows, p the target's (its candidates only). Strict `<`: p = 0 is never
     kept. u_i is keyed to d_i's position. A rejection draws from max(0, p - q), 0 outside p's candidates. Every
     row's test and redraw run on the device and are read at once: those past the first rejection are discarded."""
     tests, redraws = [], []  # (1,) each: is d_i kept; the token drawn if it is not
     for i, d in enumerate(drafts):
         position = t + 1 + i
-        ids, p = candidates(logits[i], sampler)  # (M,) each
+        ids, p = rule.candidates(logits[i], sampler)  # (M,) each
         p_d = (p * (ids == d)).sum()  # p(d), 0 if d is not a candidate
         u = keyed_uniform(sampler.seed, ACCEPT_STREAM, position)
         tests.append((q[i, d].double() * u < p_d.double()).long()[None])  # in float64, as the uniform
         residual = (p - q[i, ids]).clamp_(min=0)  # (M,) zero at d if rejected: then q(d) > p(d)
         redraws.append(keyed_choice(ids, residual, sampler.seed, TOKEN_STREAM, position))  # unnormalised: same argmax
-    bonus = keyed_choice(*candidates(logits[len(drafts)], sampler), sampler.seed, TOKEN_STREAM, t + 1 + len(drafts))
+    bonus_ids, bonus_p = rule.candidates(logits[len(drafts)], sampler)
+    bonus = keyed_choice(bonus_ids, bonus_p, sampler.seed, TOKEN_STREAM, t + 1 + len(drafts))
     read = torch.cat([*tests, *redraws, bonus]).tolist()  # K tests (0 or 1), K redraws, the bonus
     a = read.index(0) if 0 in read[:len(drafts)] else len(drafts)  # the bonus follows the last draft's row
     return a, read[len(drafts) + a]

@@ -21,7 +21,7 @@ from torch import nn
 from gemma4.cache import KV
 from gemma4.config import TextConfig
 from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear
-from gemma4.sampling import DRAFT_STREAM, SamplerConfig, keyed_sample, warp
+from gemma4.sampling import DRAFT_STREAM, SamplerConfig
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Drafter(nn.Module):
 
     def layer_inputs(self, positions: torch.Tensor, shared_kv: dict[str, KV], dtype: torch.dtype
                      ) -> dict[str, LayerInputs]:
-        """RoPE at the query positions ((T,) or per row (B, T)) and masks over the target's keys, known by their
+        """RoPE at the query positions (B, T) and masks over the target's keys, known by their
         positions (a sliding ring's slots included). A query at t sees keys 0..t-1 and its sliding layers the
         newest W_d + 1 of them (§5): shift 1."""
         keys = {kind: kv.positions for kind, kv in shared_kv.items()}
@@ -125,16 +125,18 @@ class Drafter(nn.Module):
 
     @torch.inference_mode()
     def propose(
-        self, target: Gemma4Model, tokens: list[int], hidden: torch.Tensor, t: list[int],
+        self, target: Gemma4Model, tokens: list[int], hidden: torch.Tensor, positions: list[int],
         shared_kv: dict[str, KV], k: int, samplers: list[SamplerConfig] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k drafts for each of B rows: row b's after tokens[b] at position t[b], from the target's post-norm hidden
-        (B, E) at t_b - 1 and K/V of 0..max t - 1 (type -> the cache's `KV`; the mask hides row b's keys past t_b-1).
-        Greedy without samplers; with one per row (`sample` drafting, §11), draft j of row b is drawn from its
-        warped q_j with DRAFT_STREAM noise keyed at t_b + j. -> drafts (B, k) on the device, q (B, k, V) or None."""
-        device = hidden.device
+        """k drafts for each of B rows: row b's after tokens[b] at positions[b] = n_b, from the target's post-norm
+        hidden (B, E) at n_b - 1 and K/V of 0..max n - 1 (type -> the cache's `KV`; the mask hides row b's keys past
+        n_b - 1). Greedy without samplers; with one per row (`sample` drafting, §11), draft j of row b is drawn from
+        its warped q_j with DRAFT_STREAM noise keyed at n_b + j, by the target's rule. -> drafts (B, k) on the
+        device, q (B, k, V) or None."""
+        device, rule = hidden.device, target.sampling
         # Host lists sent without blocking: `torch.tensor(list, device=...)` would wait for the device's queue.
-        inputs = self.layer_inputs(torch.tensor(t).to(device, non_blocking=True)[:, None], shared_kv, hidden.dtype)
+        inputs = self.layer_inputs(torch.tensor(positions).to(device, non_blocking=True)[:, None], shared_kv,
+                                   hidden.dtype)
         h = hidden[:, None]  # (B, 1, E)
         ids = torch.tensor(tokens).to(device, non_blocking=True)[:, None]  # (B, 1)
         drafted: list[torch.Tensor] = []  # greedy drafts stay on the device: the caller reads them once
@@ -145,9 +147,9 @@ class Drafter(nn.Module):
                 ids = self.greedy_token(hn[:, 0])[:, None]  # (B, 1)
             else:
                 logits = self.logits(hn[:, 0], filler=float("-inf"))  # (B, V), the centroid filler at 0
-                q = torch.cat([warp(logits[b:b + 1], s) for b, s in enumerate(samplers)])
-                ids = torch.cat([keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])  # (1,) each, not read
-                                 for b, (s, n) in enumerate(zip(samplers, t))])[:, None]
+                q = torch.cat([rule.warp(logits[b:b + 1], s) for b, s in enumerate(samplers)])
+                ids = torch.cat([rule.keyed_sample(q[b:b + 1], s.seed, DRAFT_STREAM, [n + j])  # (1,) each, not read
+                                 for b, (s, n) in enumerate(zip(samplers, positions))])[:, None]
                 probs.append(q)  # (B, V)
             drafted.append(ids)
         return torch.cat(drafted, dim=1), torch.stack(probs, dim=1) if probs else None  # (B, k), (B, k, V)

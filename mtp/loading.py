@@ -85,6 +85,8 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
         fail(f"its vocabulary has {drafter.text.vocab_size} tokens, the target's {target.vocab_size}")
     if drafter.text.first_shared_layer != 0:
         fail("not every assistant layer is KV-shared")
+    if drafter.text.sliding_window > target.sliding_window:  # the target's rings keep its own window (README §15)
+        fail(f"its sliding window ({drafter.text.sliding_window}) is wider than the target's ({target.sliding_window})")
     for i, kind in enumerate(drafter.text.layer_types):
         src = target.kv_source(kind)
         mine, theirs = (drafter.text.kv_heads[i], drafter.text.head_dims[i]), (target.kv_heads[src], target.head_dims[src])

@@ -1,19 +1,12 @@
 """Draft-length schedules (mtp/README.md §8): how many tokens to draft in the next round.
 
-`DraftLength` is what the loop calls, and the base class of every schedule: the loop calls `start_call()` at
-the start of a generate call, `k = s.next(room)` at the start of a round and `s.observe(k, accepted)` after its
-verify and accept. The loop keeps no clock for it: a schedule that needs the round's seconds reads its own.
+`DraftLength` is the protocol the loop calls, and the base class of every schedule: `start_call()` at the start of
+a generate call, `k = s.next(room)` at the start of a round and `s.observe(k, accepted)` after its verify and
+accept. The loop keeps no clock for it: a schedule that needs the round's seconds reads its own.
 `DraftLength(initial, schedule)` makes the one named (transformers' `num_assistant_tokens` and
-`num_assistant_tokens_schedule`), an instance of its subclass:
-- `Constant`: K never changes. `Heuristic`: K + 2 after a round whose drafts were all accepted, else
-  max(1, K - 1), carried from one generate call to the next; `HeuristicTransient` restarts from `initial` every
-  call. These never return 0 unless the room is 0.
-- `Auto` (mtp/auto_schedule.py): the K in 0..max_k that commits the most tokens per second by its estimates of
-  acceptance and of a round's seconds, learned online and kept across calls; K = 0 (plain decoding) is among the
-  choices.
+`num_assistant_tokens_schedule`), an instance of its subclass: `Constant` (here: K never changes), the heuristics
+(mtp/heuristic.py) and `auto` (mtp/auto_schedule.py), imported only when named.
 """
-
-from collections.abc import Callable, Sequence
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient", "auto")
 
@@ -32,23 +25,18 @@ class DraftLength:
         # matters. A subclass named directly, or copied (copy.deepcopy calls cls.__new__(cls)), is made as it is.
         if cls is not DraftLength:
             return super().__new__(cls)
-        from mtp.auto_schedule import Auto  # auto_schedule.py imports this file
+        from mtp.auto_schedule import Auto  # they import this file
+        from mtp.heuristic import Heuristic, HeuristicTransient
         kinds = {"constant": Constant, "heuristic": Heuristic, "heuristic_transient": HeuristicTransient, "auto": Auto}
         name = schedule or "constant"
         if name not in kinds:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         return super().__new__(kinds[name])
 
-    def __init__(self, initial: int, schedule: str | None = None, max_k: int | None = None,
-                 costs: Callable[[int], float] | None = None, draft_cost: float | None = None,
-                 acceptance: Sequence[float] | None = None, probe_every: int | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, initial: int, schedule: str | None = None, **auto_only: object) -> None:
         check_name(self, schedule)
         check_initial(initial)
-        given = [name for name, value in (("max_k", max_k), ("costs", costs), ("draft_cost", draft_cost),
-                                          ("acceptance", acceptance), ("probe_every", probe_every), ("clock", clock))
-                 if value is not None]
-        if given:
+        if given := [name for name, value in auto_only.items() if value is not None]:
             raise ValueError(f"{', '.join(given)} only apply to the auto schedule, not {self.schedule!r}")
         self.initial = self.k = initial  # k: the K this schedule drafts next, within the room
 
@@ -75,27 +63,6 @@ class Constant(DraftLength):
 
     def observe(self, k: int, accepted: int) -> None:
         check_round(k, accepted)
-
-
-class Heuristic(Constant):
-    """transformers' heuristic: K + 2 after a drafting round whose drafts were all kept, else max(1, K - 1).
-    K carries from one generate call to the next. `next` is Constant's: the current K, within the room."""
-
-    schedule = "heuristic"
-
-    def observe(self, k: int, accepted: int) -> None:
-        super().observe(k, accepted)
-        if k > 0:  # a K = 0 round (no room) says nothing about the drafter
-            self.k = self.k + 2 if accepted == k else max(1, self.k - 1)
-
-
-class HeuristicTransient(Heuristic):
-    """The heuristic rule, restarted from `initial` at every generate call."""
-
-    schedule = "heuristic_transient"
-
-    def start_call(self) -> None:
-        self.k = self.initial
 
 
 # ---------------------------------------------------------------------- the checks every schedule shares

@@ -1,7 +1,6 @@
-"""What a speculative run did: per-round drafts and acceptance, and the run's result. A round's seconds run from the
-previous record (or the statistics' making, after the prefill) to its own: the loop times nothing itself."""
+"""What a speculative run did: per-round drafts and acceptance, and the run's result. The statistics count; they
+keep no clock: whoever wants a round's wall time reads one in `on_commit`, which sees every round's block."""
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -10,7 +9,6 @@ from dataclasses import dataclass, field
 class Round:
     drafted: list[int]  # d_1..d_K as proposed; empty in a round that drafted nothing (K = 0: a plain step)
     accepted: int  # a: the length of the matching prefix (before any stop-id cut)
-    seconds: float = field(default=0.0, compare=False)  # the round's wall time: a measurement, not an outcome
 
 
 @dataclass
@@ -22,15 +20,13 @@ class SpecStats:
     rounds: list[Round] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)  # [i]: rounds that drafted an i+1-th token
     accepted_at: list[int] = field(default_factory=list)  # [i]: rounds whose i+1-th draft was committed
-    clock: float = field(default_factory=time.perf_counter, compare=False, repr=False)  # the last record's time
 
     def record(self, drafts: list[int], a: int, block: list[int]) -> None:
         """One round (a verify): drafts d_1..d_K, a of them matched, `block` committed (cut after a stop id)."""
         committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
-        now, self.clock = self.clock, time.perf_counter()
         self.target_forwards += 1
         self.emitted += len(block)
-        self.rounds.append(Round(drafts, a, self.clock - now))
+        self.rounds.append(Round(drafts, a))
         self.drafted += len(drafts)
         self.accepted += committed_drafts
         missing = [0] * (len(drafts) - len(self.drafted_at))  # a round longer than every one before
@@ -55,11 +51,6 @@ class SpecStats:
     def k_histogram(self) -> dict[int, int]:
         """K -> the rounds that drafted K tokens, K = 0 included."""
         return dict(sorted(Counter(len(r.drafted) for r in self.rounds).items()))
-
-    @property
-    def seconds_at_zero(self) -> float:
-        """Time spent in rounds that drafted nothing (plain decode steps)."""
-        return sum(r.seconds for r in self.rounds if not r.drafted)
 
 
 @dataclass

@@ -14,13 +14,13 @@ pages a mapping has read stay resident as long as it lives, and the model's view
 import torch
 from torch import nn
 
-from gemma4 import sampling
 from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import Choice, Product, choose, forced
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.fast.norms import FastRMSNorm
+from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.fast.staging import StagedRows
-from gemma4.model import MLP, Attention
+from gemma4.model import MLP, Attention, Gemma4Model
 from gemma4.norms import RMSNorm
 from gemma4.weights import Reader
 
@@ -105,7 +105,8 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     device = next(model.parameters()).device.type
     if device != "cpu":  # a host read would stall the device:
         gather_experts(model)  # MoE: one a layer (gemma4/fast/experts.py)
-        sampling.FREE_READS = False  # sampling: rows stay whole, no `nonzero` (process-wide, gemma4/sampling.py)
+        if isinstance(model, Gemma4Model):  # its sampling: rows kept whole, no `nonzero` (gemma4/fast/sampling.py)
+            model.sampling = WHOLE_ROWS
         if getattr(model, "embed_tokens_per_layer", None) is not None:  # the PLE table's rows, staged (staging.py)
             model.per_layer_rows = StagedRows(model, pin=device == "cuda")
     if device == "cuda":

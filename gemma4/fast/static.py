@@ -63,7 +63,7 @@ def aligned(n: int, align: int = ALIGN) -> int:
 
 class StaticKVCache(KVCache):
     """A KVCache whose buffers hold all their slots from the start (every position on full layers, the ring on
-    sliding ones), written at device positions. `length` stays the loop's int: the loop owns the position and
+    sliding ones), written at device positions. `length` (1,) stays on the host: the loop owns the position and
     rolls back by setting it. Both sizes are rounded up to a multiple of `align` slots (the run's context, where
     the loops stop, is StaticTarget's; align=1 keeps them as given, as the tests of small rings do)."""
 
@@ -75,25 +75,26 @@ class StaticKVCache(KVCache):
             for buffer in buffers.values():
                 torch._dynamo.mark_static_address(buffer)  # CUDA graphs write it in place, never copy it in
         torch._dynamo.mark_static_address(self.slot_positions)
+        self.full_positions = torch.arange(self.capacity, device=device)[None]  # (1, S): every full slot's position
 
     def check(self, start: int, t: int) -> None:
         """KVCache.claim's checks, on the host: a graph cannot raise, and a write past the end is a device fault."""
-        if start > self.length:
-            raise ValueError(f"write at position {start} would leave a hole: only {self.length} positions are valid")
+        if start > int(self.length[0]):
+            raise ValueError(f"write at position {start} would leave a hole: only {int(self.length[0])} positions "
+                             f"are valid")
         if start + t > self.capacity:
             raise ValueError(f"the static KV cache holds {self.capacity} positions; position {start + t - 1} does "
                              f"not fit")
         if t > self.slack:
             raise ValueError(f"a forward of {t} positions does not fit the sliding layers' slack of {self.slack}: "
                              f"run it in chunks of at most {self.slack}")
-        self.frontier = start + t if start == 0 else max(self.frontier, start + t)
 
     def slots(self, positions: torch.Tensor) -> Slots:
         """A step's slots at device positions (T,): the ring's slot positions recorded, once per step, before any
         layer writes; every slot is read (`key_positions`)."""
         ring = positions % self.ring  # (T,)
         self.slot_positions.index_copy_(1, ring, positions[None])  # (1, R)
-        return Slots(None, positions, ring, self.capacity, self.key_positions())
+        return Slots(None, positions, ring, self.capacity, self.key_positions())  # one row: no row index
 
     def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at the slots' positions (a sliding layer: their ring slots); return the whole
@@ -104,26 +105,24 @@ class StaticKVCache(KVCache):
         return self.keys[layer], self.values[layer]
 
     def read(self, layer: int, end: int) -> KV:
-        """The whole buffers (B, K, S, D) and their slots' positions: the reader's mask hides positions >= end."""
-        positions = self.slot_positions[0] if self.kinds[layer] == SLIDING else self.capacity  # (R,) or 0..S-1
-        return KV(self.keys[layer], self.values[layer], positions)
+        """The whole buffers (B, K, S, D) and their slots' positions (1, S): the reader's mask hides those >= end."""
+        return KV(self.keys[layer], self.values[layer], self.key_positions()[self.kinds[layer]])
 
-    def key_positions(self) -> dict[str, int | torch.Tensor]:
-        """Layer type -> the positions of every slot a step reads (`layer_inputs`' keys)."""
-        return {FULL: self.capacity, SLIDING: self.slot_positions[0]}
+    def key_positions(self) -> dict[str, torch.Tensor]:
+        """Layer type -> the positions (1, S) of every slot a step reads (`layer_inputs`' keys)."""
+        return {FULL: self.full_positions, SLIDING: self.slot_positions}
 
 
-def static_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, int | torch.Tensor], dtype: torch.dtype,
+def static_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, torch.Tensor], dtype: torch.dtype,
                   freqs: dict[str, torch.Tensor], shift: int = 0) -> dict[str, LayerInputs]:
-    """`layer_inputs` over every slot: RoPE at positions (T,), masks (T, S) from query and key positions alone
-    (keys[type]: n for 0..n-1, or a ring's slot positions). shift 1 is the drafter's (its query at t sees keys
-    0..t-1, its sliding layers W_d + 1 of them: mtp §5)."""
+    """`layer_inputs` over every slot: RoPE at positions (T,) of the one row, masks (1, 1, T, S) from query and key
+    positions alone (keys[type]: (1, S), a full layer's 0..S-1 or a ring's slot positions). shift 1 is the drafter's
+    (its query at t sees keys 0..t-1, its sliding layers W_d + 1 of them: mtp §5)."""
     out = {}
     for kind, f in freqs.items():
         window = c.sliding_window + shift if kind == SLIDING else None
-        k = torch.arange(keys[kind], device=positions.device) if isinstance(keys[kind], int) else keys[kind]  # (S,)
-        mask = additive_mask(attention_mask(positions - shift, k, window), dtype)  # (T, S)
-        cos, sin = rope_cos_sin(positions, f, dtype)  # (T, 1, D) each
+        mask = additive_mask(attention_mask(positions[None] - shift, keys[kind], window), dtype)  # (1, 1, T, S)
+        cos, sin = rope_cos_sin(positions[None], f, dtype)  # (1, T, 1, D) each
         out[kind] = LayerInputs(cos, sin, mask)
     return out
 
@@ -203,6 +202,7 @@ class StaticTarget:
             c = dataclasses.replace(c, max_position_embeddings=min(context, c.max_position_embeddings))
         self.model, self.config = model, c
         self.embed_tokens, self.logits = model.embed_tokens, model.logits  # the loops read the weight's device, dtype
+        self.sampling = model.sampling  # how the loops draw its tokens
         w = model.embed_tokens.weight
         self.device, self.dtype = w.device, w.dtype
         self.scale = embed_scale(c.hidden_size, w.dtype)
@@ -244,17 +244,17 @@ class StaticTarget:
         return device_ids.copy_(ids, non_blocking=True), torch.add(steps, start, out=positions)  # no queue wait
 
     @torch.inference_mode()
-    def run(self, input_ids: torch.Tensor, cache: KVCache, start_pos: int | torch.Tensor = 0,
-            num_logits: int | None = None) -> ModelOutput:
-        """Gemma4Model.run on a StaticKVCache: host ids (B, T) at start_pos..start_pos+T-1. `num_logits` None (a
-        decode step or a verify): the step of T rows, compiled if asked; given (a prefill): the same step, eager.
-        `shared_kv` holds the source layers' whole buffers."""
+    def run(self, input_ids: torch.Tensor, cache: KVCache, start_pos: torch.Tensor | None = None,
+            num_logits: int | None = None, soft: None = None) -> ModelOutput:
+        """Gemma4Model.run on a StaticKVCache: host ids (1, T) at start_pos[0]..start_pos[0]+T-1 (start_pos (1,) on
+        the host; None: 0). `num_logits` None (a decode step or a verify): the step of T rows, compiled if asked;
+        given (a prefill): the same step, eager. `shared_kv` holds the source layers' whole buffers. Text only."""
         c = self.config
         if not isinstance(cache, StaticKVCache):
             raise ValueError("a static target runs on a StaticKVCache: pass cache=StaticKVCache(...)")
-        if not isinstance(start_pos, int) or input_ids.shape[0] != 1:
-            raise ValueError("a static target runs one row at one position")
-        t = input_ids.shape[1]
+        if input_ids.shape[0] != 1 or soft is not None:
+            raise ValueError("a static target runs one row of text")
+        t, start_pos = input_ids.shape[1], 0 if start_pos is None else int(start_pos[0])
         cache.check(start_pos, t)
         rows = self.model.per_layer_rows(input_ids, self.embed_tokens.weight) if c.ple_dim else None  # host lookup
         args = (*self.upload(input_ids, start_pos), rows, cache)
@@ -272,7 +272,7 @@ class StaticTarget:
         stale until the next prefill overwrites them (the cache's length is not moved)."""
         for t in sorted(self.compiled_rows):
             for _ in range(3 if self.cudagraphs else 1):  # CUDA graphs record on the third call
-                self.run(torch.zeros(1, t, dtype=torch.long), cache, 0)
+                self.run(torch.zeros(1, t, dtype=torch.long), cache)
 
 
 class StaticDrafter:
@@ -302,18 +302,18 @@ class StaticDrafter:
         return self.drafter.greedy_token(hn[:, 0])[:, None], h
 
     @torch.inference_mode()
-    def propose(self, target: StaticTarget, tokens: list[int], hidden: torch.Tensor, t: list[int],
+    def propose(self, target: StaticTarget, tokens: list[int], hidden: torch.Tensor, positions: list[int],
                 shared_kv: dict[str, KV], k: int, samplers: list[SamplerConfig] | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafter.propose of one row on the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides
-        keys >= t. hidden (1, E) -> drafts (1, k) on the device, and q (sampled drafting) or None."""
+        keys >= positions[0]. hidden (1, E) -> drafts (1, k) on the device, and q (sampled drafting) or None."""
         if samplers is not None:  # the same whole buffers: their positions mask them
-            return self.drafter.propose(target, tokens, hidden, t, shared_kv, k, samplers)
+            return self.drafter.propose(target, tokens, hidden, positions, shared_kv, k, samplers)
         if self.inputs is None:  # the same device tensors every round: (1,), (1, 1), (1, 1, E)
             self.inputs = (torch.empty(1, dtype=torch.long, device=self.device),
                            torch.empty(1, 1, dtype=torch.long, device=self.device),
                            torch.empty(1, 1, hidden.shape[-1], dtype=hidden.dtype, device=self.device))
-        position, ids, h = self.inputs[0].fill_(t[0]), self.inputs[1].fill_(tokens[0]), self.inputs[2].copy_(hidden[:, None])
+        position, ids, h = self.inputs[0].fill_(positions[0]), self.inputs[1].fill_(tokens[0]), self.inputs[2].copy_(hidden[:, None])
         drafted = []  # on the device: the caller reads them once
         for _ in range(k):
             ids, h = call(self.step, self.cudagraphs, target, ids, h, position, shared_kv)

@@ -6,22 +6,22 @@ a drafter, plain decoding (gemma4/generate.py) without; gemma4/ never imports mt
 
 - Rendering is the template's (gemma4/tokenizer.py `render`): earlier thoughts are dropped, so
   after a thinking turn the cache and the new rendering part at the thought's first token.
-- Prefix reuse: the cache keeps K/V by absolute position, so keeping the first R positions is
-  `cache.length = R`, for every family. R is the longest common prefix of the new ids and `held` (the
-  ids whose K/V the cache holds: every committed token but the newest), and at most len(ids) - 1: the
-  newest prompt token must run, its logits choose the first reply token. Sliding layers keep only a ring
-  of their window plus a slack (gemma4/cache.py): reuse is exact only while the ring still holds the
-  window before R (`KVCache.holds`). A turn that diverges further back (a thinking block dropped from
-  the history, long after it) is prefilled again from position 0, and `Reply.reused` says 0.
+- Prefix reuse: the cache keeps K/V by absolute position, so keeping the first R positions is a cache length of R,
+  for every family (a loop prefills from the length of the cache it is handed). R is the longest common prefix of
+  the new ids and `held` (the ids whose K/V the cache holds: every committed token but the newest), and at most
+  len(ids) - 1: the newest prompt token must run, its logits choose the first reply token. Sliding layers keep only
+  a ring of their window plus a slack (gemma4/cache.py): reuse is exact only while the ring still holds the window
+  before R (`GrowingCache.holds`, mtp/extras/growing.py). A turn that diverges further back (a thinking block
+  dropped from the history, long after it) is prefilled again from position 0, and `Reply.reused` says 0.
 - Images (gemma4/README.md §19): a user turn may carry images, written first in its turn. Their soft tokens
   are the same ids whatever the image, so reuse also compares the images the cache holds, position by
-  position, and never keeps part of an image (`PromptImages.whole`). Where an image must see itself both
+  position, and never keeps part of an image (`whole`). Where an image must see itself both
   ways, a prefill forward holds it whole: a longer image than the cache's slack makes a new cache.
 - The drafter needs no reuse logic: it keeps no cache, and reads the target's K/V and the hidden
   of the newest position, both the turn's prefill's.
 - Keyed sampling draws position n's token from noise keyed by (seed, n), so a turn on a reused
   cache gives the tokens of a fresh run over the same ids with the same settings, sampled or not.
-- The cache is sized to the context and grows as it fills (gemma4/cache.py). `context` may hold the
+- The cache is sized to the context and grows as it fills (mtp/extras/growing.py). `context` may hold the
   conversation to fewer positions than the model's: a turn's budget is cut to what fits.
 - Ctrl-C during a reply (KeyboardInterrupt) ends the turn: the tokens already handed to
   `on_commit` become the model's turn, finish reason "interrupted", and the conversation goes on.
@@ -33,14 +33,17 @@ from dataclasses import dataclass
 
 import torch
 
-from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
-from gemma4.generate import check_prompt, decode
+from gemma4.cache import PREFILL_CHUNK, ring_slack
+from gemma4.generate import decode
+from gemma4.media import Media, Span
 from gemma4.model import Gemma4Model
+from gemma4.rows import check_prompt
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
 from gemma4.vision.config import ImageTokens
-from gemma4.vision.prompt import ImageAt, ImageError, PromptImages, place
+from gemma4.vision.prompt import ImageError, PromptImages, place
 from mtp.drafter import Drafter
+from mtp.extras.growing import GrowingCache
 from mtp.schedule import DraftLength
 from mtp.speculative import check_sampling, speculative_generate
 from mtp.stats import SpecStats
@@ -75,6 +78,16 @@ class Reply:
     first_token_seconds: float | None  # from the call to the first token (rendering and prefill included)
 
 
+def whole(media: Media, reuse: int) -> int:
+    """`reuse` moved back to the start of the span it cuts, if any: a reused prefix holds whole images, so the rest
+    of an image is never run in a forward apart from its first part."""
+    for row in media.rows:
+        for span in row:
+            if span.start < reuse < span.end:
+                reuse = span.start
+    return reuse
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -103,14 +116,14 @@ class Conversation:
             raise ValueError(f"a prefill chunk holds at least 1 position, got {self.prefill_chunk}")
         self.cache = self.new_cache(ring_slack(self.prefill_chunk))
         self.held: list[int] = []  # ids whose K/V sit at positions 0..len-1 of the cache
-        self.held_images: list[ImageAt] = []  # the images among them, where they sit
+        self.held_images: list[Span] = []  # the images among them, where they sit
         self.messages: list[Message] = []
         self.images: list[torch.Tensor] = []  # every image of the messages, in order: (n, E) each
         self.turn = 0
 
-    def new_cache(self, slack: int) -> KVCache:
+    def new_cache(self, slack: int) -> GrowingCache:
         w = self.target.embed_tokens.weight
-        return KVCache(self.target.config, self.context, dtype=w.dtype, device=w.device, reserve=0, slack=slack)
+        return GrowingCache(self.target.config, self.context, dtype=w.dtype, device=w.device, slack=slack)
 
     def reset(self) -> None:
         """Forget the messages. The cache keeps its K/V: they are a function of the ids (and images) alone, so
@@ -141,7 +154,7 @@ class Conversation:
                 break
         if len(self.held_images) > len(now):  # an image held where the new prompt has text
             reused = min(reused, self.held_images[len(now)].start)
-        return images.whole(reused) if images else reused
+        return whole(images, reused) if images else reused
 
     def say(
         self, user_text: str, max_new_tokens: int = 256, sampler: SamplerConfig = GREEDY,
@@ -175,7 +188,7 @@ class Conversation:
         # From here on, whenever an exception falls, positions below min(cache.length, len(sequence))
         # hold the K/V of sequence = ids + the reply so far: the loops move `length` only past K/V
         # they wrote for it (a stop id may cut the last block short of `length`).
-        self.cache.length, self.held = reused, ids[:reused]
+        self.cache.length, self.held = torch.tensor([reused]), ids[:reused]
         self.held_images = [im for im in self.held_images if im.end <= reused]
         shown: list[int] = []
         first: list[float] = []
@@ -192,20 +205,20 @@ class Conversation:
             if self.drafter is not None:
                 result = speculative_generate(
                     self.target, self.drafter, ids, max_new_tokens, draft_length or self.draft_length, stops,
-                    sampler, drafting, on_commit=commit, cache=self.cache, reuse=reused,
-                    prefill_chunk=self.prefill_chunk, images=every)
+                    sampler, drafting, on_commit=commit, cache=self.cache, prefill_chunk=self.prefill_chunk,
+                    images=every)
                 tokens, stats, finish_reason = result.tokens, result.stats, result.finish_reason
             else:
                 tokens, finish_reason = decode(self.target, [ids], max_new_tokens, [sampler], stops,
                                                on_token=lambda _, t: commit([t], [False]), cache=self.cache,
-                                               reuse=reused, prefill_chunk=self.prefill_chunk, images=every)[0]
+                                               prefill_chunk=self.prefill_chunk, images=every)[0]
         except KeyboardInterrupt:
             tokens, finish_reason = shown, "interrupted"
         seconds = time.perf_counter() - start
 
         sequence = ids + tokens
-        self.held = sequence[:min(self.cache.length, len(sequence))]
-        self.cache.length = len(self.held)
+        self.held = sequence[:min(int(self.cache.length[0]), len(sequence))]
+        self.cache.length = torch.tensor([len(self.held)])
         self.held_images = [im for im in (every.rows[0] if every else []) if im.end <= len(self.held)]
         # The model's turn as the template stores it: its text with its control tokens (a thought
         # is dropped when the next turn is rendered), without the stop id that closed it.

@@ -1,0 +1,137 @@
+"""What every loop does with its rows (plain decoding, gemma4/generate.py; speculative, mtp/speculative.py): a
+`Request` per prompt, checked; one cache for them all; step 0, the prefill; and how a row's token is chosen.
+
+Many prompts (mtp/README.md §12): every row keeps its own positions from 0 (`cache.length` and `start_pos` are (B,),
+one prompt is B = 1), no left padding. Ragged prompts run together right-padded: a row's pads sit past its prompt,
+in slots the causal mask hides and its next writes overwrite. Row b chooses every token as its run alone would
+(`choose`, its own sampler), at its own positions, so its tokens are its solo run's (float32: a batched forward
+only reduces in another order, ~1e-6 relative). A conversation hands the loop its own cache, whose length says how
+many of the prompt's first ids it already holds K/V for (the prefix it shares with the previous turn): only the
+rest is prefilled.
+
+Shape legend: B rows, T new tokens per row, V vocab, E hidden."""
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
+from gemma4.model import Gemma4Model
+from gemma4.sampling import TOKEN_STREAM, SamplerConfig
+
+if TYPE_CHECKING:  # soft embeddings in the prompts: `prefill` asks them what to replace
+    from gemma4.media import Media
+
+PAD = 0  # <pad>: any id would do, a pad's K/V lands in stale slots only
+
+
+class Request(NamedTuple):
+    """One row's run: what every loop takes per prompt."""
+    prompt: list[int]
+    max_new_tokens: int
+    stop_ids: tuple[int, ...] = ()  # the run ends after the first one it commits (kept)
+    sampler: SamplerConfig | None = None  # None or temperature 0: greedy
+    schedule: Any = None  # the speculative loop's draft-length schedule (mtp/schedule.py); plain decoding has none
+
+
+class PromptError(ValueError):
+    """A prompt or budget the model cannot run (empty, ids outside the vocabulary or for media, past the context)."""
+
+
+def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
+    """Reject what the model cannot run, with a message that says what to change."""
+    c = model.config
+    if not prompt:
+        raise PromptError("the prompt is empty: give at least one token")
+    bad = [i for i in prompt if not 0 <= i < c.vocab_size]
+    if bad:
+        raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
+    media = [i for i in prompt if i in c.media_token_ids]
+    if media:  # an image's soft tokens are filled by `media` (check_rows hands them over as pads), others never
+        raise PromptError(f"token id {media[0]} " + ("is an image's soft token and no image fills it: give the image "
+                          "(--image, or images=) at one boi id" if media[0] == c.image_token_id else "stands for a "
+                          "video or audio input, which this implementation does not run: remove it"))
+    if max_new_tokens < 1:
+        raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if len(prompt) >= c.max_position_embeddings:
+        raise PromptError(
+            f"the prompt has {len(prompt)} tokens; the model's context is {c.max_position_embeddings}: shorten it"
+        )
+
+
+def check_rows(model: Gemma4Model, rows: Sequence[Request], media: "Media | None") -> None:
+    """Every row's prompt (its media's placeholders as text pads) and budget checked."""
+    if not rows:
+        raise ValueError("the batch is empty: give at least one prompt")
+    for b, row in enumerate(rows):
+        check_prompt(model, row.prompt if media is None else media.text_ids(b, row.prompt), row.max_new_tokens)
+
+
+def new_cache(model: Gemma4Model, rows: Sequence[Request], chunk: int | None, pads: int = 0,
+              media: "Media | None" = None) -> KVCache:
+    """A cache for every row's prompt + budget (within the context) and `pads` more positions, its sliding layers'
+    slack fitting the prefill chunks (a chunk holds a whole both-ways span where `media` has one)."""
+    w, context = model.embed_tokens.weight, model.config.max_position_embeddings
+    longest = max(min(len(r.prompt) + r.max_new_tokens, context) for r in rows)
+    chunk = max(PREFILL_CHUNK if chunk is None else chunk, media.longest if media else 0)
+    return KVCache(model.config, longest + pads, batch=len(rows), dtype=w.dtype, device=w.device,
+                   slack=ring_slack(chunk))
+
+
+def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], chunk: int | None = None,
+            media: "Media | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 0: write every row's prompt K/V; return each row's logits (B, V) and post-norm hidden (B, E) at its
+    last prompt position, and leave `cache.length` at the prompts' lengths.
+
+    A cache whose length is n > 0 (one row: a conversation's) already holds prompt[:n]'s K/V: only prompt[n:] runs,
+    and K/V depend only on the ids before them. The prompts run in chunks of at most `chunk` positions
+    (PREFILL_CHUNK, at most the cache's slack), all rows in each forward, right-padded; each chunk reads the K/V
+    the earlier ones wrote, so a prefill's extra memory grows with the prompt only through the full layers' cache. A
+    row whose prompt is done re-runs its last token (the same K/V) rather than writing pads past its length: the
+    rings stay exact (gemma4/README.md §15). `media`: the prompts' soft embeddings (gemma4/media.py), which say
+    where a chunk may end and what each forward replaces."""
+    chunk = PREFILL_CHUNK if chunk is None else chunk
+    if chunk < 1:
+        raise ValueError(f"a prefill chunk holds at least 1 position, got {chunk}")
+    lengths, first = [len(p) for p in prompts], int(cache.length.max())
+    if first >= lengths[0] or (first and len(prompts) > 1):  # the newest token must run: its logits choose the next
+        raise ValueError(f"a cache may hold 0..{lengths[0] - 1} of the prompt's ids, one row only, not {first}")
+    chunk = min(chunk, cache.slack)
+    while first < max(lengths):
+        t = min(chunk, max(lengths) - first)
+        t = t if media is None else min(media.chunk(first, t), max(lengths) - first)
+        starts = [min(first, n - 1) for n in lengths]
+        ids = torch.tensor([p[s:s + t] + [PAD] * (t - len(p[s:s + t])) for p, s in zip(prompts, starts)])  # (B, T)
+        cache.length = torch.tensor(starts)  # positions 0..s_b-1 hold row b's prompt
+        soft = None if media is None else media.soft(starts, t, cache.slot_positions.device)
+        out = model.run(ids, cache, start_pos=cache.length, num_logits=0, soft=soft)  # host ids
+        first += t
+    cache.length = torch.tensor(lengths)  # the pads are stale
+    ends = torch.tensor([n - 1 - s for n, s in zip(lengths, starts)], device=out.hidden.device)  # (B,) in the chunk
+    last = out.hidden[torch.arange(len(prompts), device=out.hidden.device), ends]  # (B, E) each row's last position
+    return model.logits(last), last  # (B, V), (B, E)
+
+
+def finish_reason(seq: list[int], row: Request, context: int) -> str | None:
+    """"stop" after a committed stop id, "length" when the budget or the context is spent, else None."""
+    if seq[-1] in row.stop_ids:
+        return "stop"
+    if len(seq) - len(row.prompt) == row.max_new_tokens or len(seq) >= context:
+        return "length"
+    return None
+
+
+def choose(model: Gemma4Model, logits: torch.Tensor, samplers: Sequence[SamplerConfig | None],
+           positions: list[int]) -> list[int]:
+    """Row i's token at absolute positions[i] from the logits (B, V) of the position before: the argmax without a
+    sampler (all such rows in one read of the device), else its keyed sample by the model's rule. Plain decoding's
+    tokens and every loop's first (verifies: mtp/accept.py)."""
+    greedy = logits.argmax(dim=-1).tolist() if None in samplers else None  # (B,)
+    return [greedy[i] if s is None else model.sampling.sample(logits[i:i + 1], s, TOKEN_STREAM, [n])[0]
+            for i, (s, n) in enumerate(zip(samplers, positions))]
+
+
+def greedy_or(sampler: SamplerConfig | None) -> SamplerConfig | None:
+    """The sampler a row runs: None (the argmax) for temperature 0, which is greedy decoding itself."""
+    return None if sampler is None or sampler.greedy else sampler

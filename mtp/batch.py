@@ -1,0 +1,31 @@
+"""Many prompts through the speculative loop with settings given once for all rows or one per row: the loop itself
+runs any number of rows (mtp/speculative.py `speculative_rows`, mtp/README.md §12)."""
+
+import copy
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gemma4.generate import requests
+from gemma4.model import Gemma4Model
+from gemma4.sampling import SamplerConfig
+from mtp.drafter import Drafter
+from mtp.schedule import DraftLength
+from mtp.speculative import speculative_rows
+from mtp.stats import SpecResult
+
+if TYPE_CHECKING:
+    from gemma4.media import Media
+
+
+def speculative_generate_batch(
+    target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
+    draft_length: DraftLength, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+    samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax", prefill_chunk: int | None = None,
+    images: "Media | None" = None,
+) -> list[SpecResult]:
+    """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and `drafting`).
+    Every row starts from a copy of draft_length and adapts it on its own rounds; draft_length is left as it is."""
+    draft_length.start_call()
+    schedules = [copy.deepcopy(draft_length) for _ in prompts]  # `auto`'s estimates included
+    rows = requests(prompts, max_new_tokens, stop_ids, samplers, schedules)
+    return speculative_rows(target, drafter, rows, drafting, prefill_chunk=prefill_chunk, media=images)
