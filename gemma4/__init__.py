@@ -1,11 +1,11 @@
-"""Gemma 4 text model (the *target*) in pure PyTorch: config, model, KV cache, loading, decoding.
-Its names are imported from their modules on first use (PEP 562): importing the model, the cache, decoding loads no loader."""
+"""Gemma 4 text model (the *target*) in pure PyTorch: config, model, KV cache, loading, decoding. Its names are
+imported from their modules on first use (PEP 562): importing the model, the cache or decoding loads no loader."""
 
 from importlib import import_module
 
 WHERE = {name: module for module, names in {
-    "cache": "KVCache", "config": "ConfigError TextConfig", "config_file": "load_config",
-    "generate": "Generated decode greedy_generate sample_generate", "rows": "Request", "model": "Gemma4Model ModelOutput",
+    "cache": "KVCache", "config": "ConfigError TextConfig", "config_file": "load_config", "rows": "Request",
+    "generate": "Generated decode greedy_generate sample_generate", "model": "Gemma4Model ModelOutput",
     "reference": "reference_greedy", "sampling": "SamplerConfig", "tokenizer": "Gemma4Tokenizer Message",
     "weights": "CheckpointError load_target",
 }.items() for name in names.split()}

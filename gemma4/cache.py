@@ -94,21 +94,18 @@ class KVCache:
 
     def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at the claimed slots; return views of every slot the layer reads (B, K, S, D)."""
-        sliding = self.kinds[layer] == SLIDING
-        where = slots.ring if sliding else slots.positions  # (B, T)
+        where = slots.ring if self.kinds[layer] == SLIDING else slots.positions  # (B, T)
         # Advanced indices [rows, :, where] address (B, T, K, D): every row at its own slots.
         self.keys[layer][slots.rows, :, where] = k.transpose(1, 2)
         self.values[layer][slots.rows, :, where] = v.transpose(1, 2)
-        n = min(slots.end, self.ring) if sliding else slots.end
-        return self.keys[layer][:, :, :n], self.values[layer][:, :, :n]
+        return self.read(layer, slots.end)[:2]
 
     def read(self, layer: int, end: int) -> KV:
         """What a reader of positions 0..end-1 attends to: views of the slots in use and their positions."""
-        if self.kinds[layer] == SLIDING:
-            n = min(end, self.ring)
-            return KV(self.keys[layer][:, :, :n], self.values[layer][:, :, :n], self.slot_positions[:, :n])
-        positions = torch.arange(end, device=self.slot_positions.device)[None]  # (1, end)
-        return KV(self.keys[layer][:, :, :end], self.values[layer][:, :, :end], positions)  # (B, K, end, D)
+        sliding = self.kinds[layer] == SLIDING
+        n = min(end, self.ring) if sliding else end
+        positions = self.slot_positions[:, :n] if sliding else torch.arange(n, device=self.slot_positions.device)[None]
+        return KV(self.keys[layer][:, :, :n], self.values[layer][:, :, :n], positions)  # (B, K, n, D), (B or 1, n)
 
     def keep(self, rows: list[int]) -> None:
         """Keep only these rows, in this order: finished rows leave the batch (a copy per finish, not per step)."""

@@ -15,7 +15,7 @@ import torch
 
 from gemma4.cache import KVCache
 from gemma4.model import Gemma4Model
-from gemma4.rows import Request, check_rows, choose, finish_reason, greedy_or, new_cache, prefill
+from gemma4.rows import Request, check_rows, choose, finish_reason, new_cache, prefill
 from gemma4.sampling import SamplerConfig
 
 if TYPE_CHECKING:
@@ -37,7 +37,8 @@ def decode_rows(
     each token as it is chosen (for streaming); `cache`: one row's cache, holding its first cache.length ids;
     `prefill_chunk`, `media`: see `prefill`."""
     check_rows(model, rows, media)
-    samplers, context = [greedy_or(r.sampler) for r in rows], model.config.max_position_embeddings
+    samplers = [None if r.sampler is None or r.sampler.greedy else r.sampler for r in rows]  # temperature 0: greedy
+    context = model.config.max_position_embeddings
     if cache is None:
         cache = new_cache(model, rows, prefill_chunk, media=media)
     logits, _ = prefill(model, cache, [r.prompt for r in rows], prefill_chunk, media)  # (B, V)

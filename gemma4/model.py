@@ -71,12 +71,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
                    both_ways: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """q_pos (B, T), k_pos (B, S) or (1, S) -> (B, 1, T, S) bool, True = visible, one mask for all heads of a row:
-    key j to query p iff j <= p (and p - window < j). The one mask helper: prefill, one-token decode, (K+1)-token
-    verification and the drafter. Keys are known by their absolute positions, so a sliding layer's ring (slots in
-    any order, stale or empty ones among them, gemma4/cache.py) is masked by the same comparison, and so is a key
-    past a row's own positions (a stale slot: j <= p hides it). `both_ways` (lo, hi), each (B, T): query p also
-    sees the keys lo <= j < hi of the span it sits in, ahead of it too (an image; lo = hi elsewhere; §19)."""
+    """q_pos (B, T), k_pos (B or 1, S) -> (B, 1, T, S) bool, True = visible, one mask for all heads of a row: key j
+    to query p iff j <= p (and p - window < j). The one mask helper: prefill, decode, verify and the drafter. Keys
+    are known by their absolute positions, so a sliding layer's ring (slots in any order, stale or empty ones among
+    them, gemma4/cache.py) and a key past a row's own positions (stale) are hidden by the same comparison.
+    `both_ways` (lo, hi), each (B, T): query p also sees the keys lo <= j < hi of its span, ahead of it too (§19)."""
     p, k = q_pos[..., None], k_pos[:, None, :]  # (B, T, 1), (B, 1, S)
     visible = k <= p  # (B, T, S)
     if both_ways is not None:  # OR, then the window's AND: both ways only within the window
@@ -252,8 +251,7 @@ class Soft(NamedTuple):
 class ModelOutput(NamedTuple):
     logits: torch.Tensor  # (B, n, V) for the last n positions, softcapped
     hidden: torch.Tensor  # (B, T, E) after the final norm: the drafter's "hidden" input
-    # type -> K, V (B, K, S, D) of kv_source(type) and their positions: what the drafter attends to. The loop
-    # reads them from the cache; drafter training, which runs the target without one, reads them here.
+    # type -> K, V (B, K, S, D) of kv_source(type), their positions: what the drafter reads (training reads them here)
     shared_kv: dict[str, KV]
 
 
@@ -303,10 +301,9 @@ class Gemma4Model(nn.Module):
     ) -> ModelOutput:
         """input_ids (B, T), row b at positions start_pos[b]..start_pos[b]+T-1 (start_pos (B,) on the host; None: 0).
 
-        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding layers:
-        what their ring holds of it); the caller moves `cache.length`. Without one, the forward starts at position
-        0. `num_logits`: the head on the last n positions only (0: none, a ragged batch takes each row's own).
-        `soft`: vectors in place of some positions' embeddings (§19)."""
+        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding layers: what
+        their ring holds of it); the caller moves `cache.length`. `num_logits`: the head on the last n positions only
+        (0: none, a ragged batch takes each row's own). `soft`: vectors in place of some embeddings (§19)."""
         c = self.config
         b, t = input_ids.shape
         if soft is not None:  # a soft token's PLE rows are the pad token's (id 0), its embedding the given vector

@@ -5,9 +5,8 @@ Many prompts (mtp/README.md §12): every row keeps its own positions from 0 (`ca
 one prompt is B = 1), no left padding. Ragged prompts run together right-padded: a row's pads sit past its prompt,
 in slots the causal mask hides and its next writes overwrite. Row b chooses every token as its run alone would
 (`choose`, its own sampler), at its own positions, so its tokens are its solo run's (float32: a batched forward
-only reduces in another order, ~1e-6 relative). A conversation hands the loop its own cache, whose length says how
-many of the prompt's first ids it already holds K/V for (the prefix it shares with the previous turn): only the
-rest is prefilled.
+only reduces in another order, ~1e-6 relative). A conversation hands a loop its cache, holding K/V for the first
+cache.length ids of the prompt (the prefix shared with the previous turn): only the rest is prefilled.
 
 Shape legend: B rows, T new tokens per row, V vocab, E hidden."""
 
@@ -131,7 +130,3 @@ def choose(model: Gemma4Model, logits: torch.Tensor, samplers: Sequence[SamplerC
     return [greedy[i] if s is None else model.sampling.sample(logits[i:i + 1], s, TOKEN_STREAM, [n])[0]
             for i, (s, n) in enumerate(zip(samplers, positions))]
 
-
-def greedy_or(sampler: SamplerConfig | None) -> SamplerConfig | None:
-    """The sampler a row runs: None (the argmax) for temperature 0, which is greedy decoding itself."""
-    return None if sampler is None or sampler.greedy else sampler

@@ -8,18 +8,17 @@ Facts a reader must know:
 - A row is warped into its *candidates*: ids and their probabilities, every token that can still be drawn among
   them. `warp_row` is the rule on the whole row; `candidates` runs it on the k largest logits alone when top-k is
   set (a 262k-token row is sorted only without top-k) and keeps the ids with p > 0. `warp` scatters into (N, V).
-- The rule is a `Sampling` that each model holds (`model.sampling`). Picking the ids with p > 0 out (`support`)
-  reads the device; where a read waits for the device's queue (a GPU), the speed layer gives that model its own
-  rule, which keeps every id (p = 0 never wins a draw): gemma4/fast/sampling.py. Nothing here is process-wide.
+- Each model holds its rule, a `Sampling` (`model.sampling`). Picking ids out (`support`) reads the device: off the
+  CPU the speed layer gives that model a rule that keeps every id, p = 0 never winning (gemma4/fast/sampling.py).
 - The temperature divides logits minus the row's maximum: a positive T far below fp32's range then sends every other
-  token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as its limit, the argmax.
+  token to -inf (probability 0) instead of computing inf - inf, so T -> 0 behaves as its limit, the argmax. T = 0
+  itself is greedy: callers take the plain argmax path, and nothing here is used.
 - A token at absolute position n is `argmax_x p(x) / E_n(x)` over the candidates, E_n(x) ~ Exp(1) i.i.d. (the
   exponential form of the Gumbel-max trick): a draw from p. E_n(x) is a pure function of (seed, stream, n, x):
   splitmix64 counter-based hashing in int64 tensor ops on the logits' device, for the candidates only (the bits are
   the same on every device). It never depends on the other candidates, the global RNG, or how many numbers were drawn
   before: so a position's draw is the same in plain decoding and in every speculative round that reaches it, and
   argmax-drafted speculative sampling equals plain sampling token for token.
-- Temperature 0 means greedy: callers take the plain argmax path, untouched; nothing here is used.
 
 Shape legend: N rows (positions), V vocab, M candidates of one row."""
 

@@ -1,12 +1,12 @@
-"""Gemma 4 Multi-Token-Prediction drafter and the hand-written speculative decoding loop.
-Its names are imported from their modules on first use (PEP 562): importing the loop loads no loader."""
+"""Gemma 4 Multi-Token-Prediction drafter and the hand-written speculative decoding loop. Its names are imported
+from their modules on first use (PEP 562): importing the loop loads no loader."""
 
 from importlib import import_module
 
 WHERE = {name: module for module, names in {
     "drafter": "Drafter DrafterConfig", "extras.conversation": "ContextFull Conversation Reply",
-    "loading": "check_pair load_drafter", "schedule": "SCHEDULES DraftLength",
-    "speculative": "speculative_generate speculative_rows", "batch": "speculative_generate_batch", "stats": "SpecResult SpecStats",
+    "loading": "check_pair load_drafter", "schedule": "SCHEDULES DraftLength", "stats": "SpecResult SpecStats",
+    "speculative": "speculative_generate speculative_rows", "batch": "speculative_generate_batch",
 }.items() for name in names.split()}
 __all__ = sorted(WHERE)
 

@@ -1,6 +1,6 @@
 """Step 4 of a round: which drafts the target keeps, and the token it commits after them.
 
-Each rule gets the drafts d_1..d_K and the verify's logits rows 0..K (row i: the token at position t+1+i) and returns
+Each rule gets the drafts d_1..d_K and the verify's logits rows 0..K (row i: the token at position n+1+i) and returns
 (a, the token committed after the a accepted drafts: the correction, or the bonus if all were kept).
 - greedy (§7): g_i = argmax of row i; keep d_i while d_i == g_{i-1}. Token equality, never a probability.
 - keyed (§11, argmax drafting): g_i is the keyed sample of row i at its position, exactly what plain sampling draws
@@ -17,16 +17,16 @@ import torch
 from gemma4.sampling import TOKEN_STREAM, ACCEPT_STREAM, SamplerConfig, Sampling, keyed_choice, keyed_uniform
 
 
-def accept(rule: Sampling, drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, t: int,
+def accept(rule: Sampling, drafts: list[int], logits: torch.Tensor, sampler: SamplerConfig | None, n: int,
            q: torch.Tensor | None, greedy: list[int] | None) -> tuple[int, int]:
     """The rule of this run: greedy without a sampler (`greedy`: the argmax of logits, g_0..g_K, which the loop reads
     for every row at once); the rejection rule with the drafter's q (K, V) (sample drafting); keyed samples
-    otherwise. logits (K+1, V) of positions t+1..t+K+1."""
+    otherwise. logits (K+1, V) of positions n+1..n+K+1, n the newest committed position."""
     if sampler is None:
         return agree(drafts, greedy)
     if q is not None and drafts:
-        return accept_rejection(rule, drafts, q, logits, sampler, t)
-    return agree(drafts, rule.draws(logits, sampler, TOKEN_STREAM, list(range(t + 1, t + len(drafts) + 2))))
+        return accept_rejection(rule, drafts, q, logits, sampler, n)
+    return agree(drafts, rule.draws(logits, sampler, TOKEN_STREAM, list(range(n + 1, n + len(drafts) + 2))))
 
 
 def cut_at_stop(block: list[int], stop_ids: tuple[int, ...]) -> list[int]:
@@ -45,21 +45,21 @@ def agree(drafts: list[int], tokens: Iterable[int]) -> tuple[int, int]:
 
 
 def accept_rejection(rule: Sampling, drafts: list[int], q: torch.Tensor, logits: torch.Tensor,
-                     sampler: SamplerConfig, t: int) -> tuple[int, int]:
+                     sampler: SamplerConfig, n: int) -> tuple[int, int]:
     """q (K, V) the drafter's warped rows, p the target's (its candidates only). Strict `<`: p = 0 is never
     kept. u_i is keyed to d_i's position. A rejection draws from max(0, p - q), 0 outside p's candidates. Every
     row's test and redraw run on the device and are read at once: those past the first rejection are discarded."""
     tests, redraws = [], []  # (1,) each: is d_i kept; the token drawn if it is not
     for i, d in enumerate(drafts):
-        position = t + 1 + i
+        position = n + 1 + i
         ids, p = rule.candidates(logits[i], sampler)  # (M,) each
         p_d = (p * (ids == d)).sum()  # p(d), 0 if d is not a candidate
         u = keyed_uniform(sampler.seed, ACCEPT_STREAM, position)
         tests.append((q[i, d].double() * u < p_d.double()).long()[None])  # in float64, as the uniform
         residual = (p - q[i, ids]).clamp_(min=0)  # (M,) zero at d if rejected: then q(d) > p(d)
         redraws.append(keyed_choice(ids, residual, sampler.seed, TOKEN_STREAM, position))  # unnormalised: same argmax
-    bonus_ids, bonus_p = rule.candidates(logits[len(drafts)], sampler)
-    bonus = keyed_choice(bonus_ids, bonus_p, sampler.seed, TOKEN_STREAM, t + 1 + len(drafts))
+    last = n + 1 + len(drafts)  # the bonus's position
+    bonus = keyed_choice(*rule.candidates(logits[len(drafts)], sampler), sampler.seed, TOKEN_STREAM, last)
     read = torch.cat([*tests, *redraws, bonus]).tolist()  # K tests (0 or 1), K redraws, the bonus
     a = read.index(0) if 0 in read[:len(drafts)] else len(drafts)  # the bonus follows the last draft's row
     return a, read[len(drafts) + a]

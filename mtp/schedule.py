@@ -3,26 +3,22 @@
 `DraftLength` is the protocol the loop calls, and the base class of every schedule: `start_call()` at the start of
 a generate call, `k = s.next(room)` at the start of a round and `s.observe(k, accepted)` after its verify and
 accept. The loop keeps no clock for it: a schedule that needs the round's seconds reads its own.
-`DraftLength(initial, schedule)` makes the one named (transformers' `num_assistant_tokens` and
-`num_assistant_tokens_schedule`), an instance of its subclass: `Constant` (here: K never changes), the heuristics
-(mtp/heuristic.py) and `auto` (mtp/auto_schedule.py), imported only when named.
+`DraftLength(initial, schedule)` makes the one named (transformers' `num_assistant_tokens_schedule`): `Constant`
+(here: K never changes), the heuristics (mtp/heuristic.py) and `auto` (mtp/auto_schedule.py), imported when named.
 """
 
 SCHEDULES = ("constant", "heuristic", "heuristic_transient", "auto")
 
 
 class DraftLength:
-    """A draft-length schedule. `DraftLength(initial, schedule="constant", max_k=..., costs=..., draft_cost=...,
-    acceptance=..., probe_every=..., clock=...)` makes the schedule named `schedule`, from `initial` drafts a round.
-    Keep one per drafter: `heuristic` and `auto` carry what they learned from one generate call to the next. The
-    other arguments are `auto`'s only (mtp/auto_schedule.py)."""
+    """`DraftLength(initial, schedule="constant", **auto_only)`: the schedule named, from `initial` drafts a round (the
+    other arguments are `auto`'s). Keep one per drafter: `heuristic` and `auto` carry what they learn across calls."""
 
     schedule = "constant"  # the name each subclass answers to
 
     def __new__(cls, initial: int = 1, schedule: str | None = None, *auto_args: object,
                 **auto_kwargs: object) -> "DraftLength":
-        # Python hands every argument to __new__ and then to the made class's __init__: here only `schedule`
-        # matters. A subclass named directly, or copied (copy.deepcopy calls cls.__new__(cls)), is made as it is.
+        # Every argument reaches __new__, then __init__. A subclass named directly (or copied) is made as it is.
         if cls is not DraftLength:
             return super().__new__(cls)
         from mtp.auto_schedule import Auto  # they import this file
@@ -65,7 +61,6 @@ class Constant(DraftLength):
         check_round(k, accepted)
 
 
-# ---------------------------------------------------------------------- the checks every schedule shares
 def check_name(schedule: DraftLength, name: str | None) -> None:
     if name not in (None, schedule.schedule):
         raise ValueError(f"{type(schedule).__name__} is the {schedule.schedule!r} schedule, not {name!r}")

@@ -10,11 +10,8 @@ Invariant at the start of every round: the target cache holds valid K/V for posi
 except the newest, at n), and the loop holds h[n-1], the target's post-norm hidden at n-1. Anything stored at
 positions >= n is stale and is overwritten by later writes.
 
-Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4): mtp/accept.py.
-- `argmax` drafting (default): drafts stay the drafter's argmax; each verify row is sampled with the noise keyed to
-  its position, the same noise plain sampling uses there: the output equals plain keyed sampling token for token.
-- `sample` drafting: drafts are drawn from the drafter's warped q and kept by the rejection rule: exact in
-  distribution, not token-equal to plain sampling.
+Sampling (T > 0) changes only how drafts are made (step 2) and accepted (step 4): `argmax` drafting (the default)
+equals plain keyed sampling token for token, `sample` drafting is exact in distribution (mtp/accept.py).
 
 Many prompts (§12): every row is its own run at its own positions (as in gemma4/generate.py), sharing only the
 forwards: one drafter call drafts max_b K_b tokens (row b keeps its first K_b), one verify takes every row's block,
@@ -29,7 +26,7 @@ import torch
 
 from gemma4.cache import KV, PREFILL_CHUNK, KVCache, ring_slack
 from gemma4.config import FULL, SLIDING
-from gemma4.rows import PAD, Request, check_rows, choose, finish_reason, greedy_or, new_cache, prefill
+from gemma4.rows import PAD, Request, check_rows, choose, finish_reason, new_cache, prefill
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, cut_at_stop
@@ -77,8 +74,7 @@ def speculative_rows(
     #    needs nothing for a held prefix: it keeps no cache, and reads the target's K/V and the hidden of the
     #    prompt's last position, both the prefill's.
     logits, hidden = prefill(target, cache, [r.prompt for r in rows], prefill_chunk, media)  # (B, V), (B, E)
-    firsts = choose(target, logits, samplers, [len(r.prompt) for r in rows])
-    seqs = [r.prompt + [first] for r, first in zip(rows, firsts)]
+    seqs = [r.prompt + [f] for r, f in zip(rows, choose(target, logits, samplers, [len(r.prompt) for r in rows]))]
     stats = [SpecStats(target_forwards=1, emitted=1) for _ in rows]
     results: list[SpecResult | None] = [None] * len(rows)
     for b, seq in enumerate(seqs if on_commit else []):
@@ -149,9 +145,9 @@ def target_kv(cache: KVCache, model: Gemma4Model, end: int) -> dict[str, KV]:
 
 
 def check_sampling(sampler: SamplerConfig | None, drafting: str) -> SamplerConfig | None:
-    """The sampler a row runs (`greedy_or`), refused where it cannot run with `drafting`."""
+    """The sampler a row runs, refused where it cannot run with `drafting`: None (greedy) for temperature 0."""
     if drafting not in DRAFTING:
         raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
     if drafting == "sample" and (sampler is None or sampler.greedy):
         raise ValueError("sample drafting draws from the drafter's distribution: it needs a temperature > 0")
-    return greedy_or(sampler)
+    return None if sampler is None or sampler.greedy else sampler  # temperature 0 is the greedy loop itself
