@@ -103,15 +103,23 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
         if type(module) is RMSNorm:  # the same weight, normed in fewer calls (gemma4/fast/norms.py)
             _swap(model, name, FastRMSNorm(module))
     device = next(model.parameters()).device.type
-    if device != "cpu":  # a host read would stall the device:
-        gather_experts(model)  # MoE: one a layer (gemma4/fast/experts.py)
-        if isinstance(model, Gemma4Model):  # its sampling: rows kept whole, no `nonzero` (gemma4/fast/sampling.py)
-            model.sampling = WHOLE_ROWS
-        if getattr(model, "embed_tokens_per_layer", None) is not None:  # the PLE table's rows, staged (staging.py)
-            model.per_layer_rows = StagedRows(model, pin=device == "cuda")
+    if device != "cpu":
+        for_a_device(model, pin=device == "cuda")
     if device == "cuda":
         choose_attention()
     return list(choices.values())
+
+
+def for_a_device(model: nn.Module, pin: bool) -> None:
+    """What a model off the CPU gets, where a read of the device waits for its queue to drain: MoE experts gathered
+    one call a layer (gemma4/fast/experts.py); and, on a target, its own sampling rule, rows kept whole with no
+    `nonzero` (gemma4/fast/sampling.py), and the PLE table's rows staged through `pin`ned memory (staging.py).
+    Each is this model's: another model in the process keeps its own."""
+    gather_experts(model)
+    if isinstance(model, Gemma4Model):
+        model.sampling = WHOLE_ROWS
+        if model.config.ple_dim:
+            model.per_layer_rows = StagedRows(model, pin=pin)
 
 
 def choose_attention(cudnn: bool = False) -> None:
