@@ -45,7 +45,7 @@ from gemma4.model import (
     Gemma4Model, LayerInputs, ModelOutput, additive_mask, attention_mask, embed_scale, rope_cos_sin, rope_frequencies,
 )
 from gemma4.moe import Experts
-from gemma4.sampling import SamplerConfig
+from gemma4.sampling import SamplerConfig, Sampling
 
 if TYPE_CHECKING:  # gemma4 never imports mtp at run time: the drafter is only named here
     from mtp.drafter import Drafter
@@ -76,6 +76,11 @@ class StaticKVCache(KVCache):
                 torch._dynamo.mark_static_address(buffer)  # CUDA graphs write it in place, never copy it in
         torch._dynamo.mark_static_address(self.slot_positions)
         self.full_positions = torch.arange(self.capacity, device=device)[None]  # (1, S): every full slot's position
+        self.frontier = 0  # one past the newest position written since the sequence started at 0
+
+    def holds(self, n: int) -> bool:
+        """A conversation's reuse rule (mtp/extras/growing.py `GrowingCache.holds`), for a compiled chat's cache."""
+        return n == 0 or self.frontier <= max(self.ring, n + self.slack)
 
     def check(self, start: int, t: int) -> None:
         """KVCache.claim's checks, on the host: a graph cannot raise, and a write past the end is a device fault."""
@@ -88,6 +93,7 @@ class StaticKVCache(KVCache):
         if t > self.slack:
             raise ValueError(f"a forward of {t} positions does not fit the sliding layers' slack of {self.slack}: "
                              f"run it in chunks of at most {self.slack}")
+        self.frontier = start + t if start == 0 else max(self.frontier, start + t)
 
     def slots(self, positions: torch.Tensor) -> Slots:
         """A step's slots at device positions (T,): the ring's slot positions recorded, once per step, before any
@@ -202,7 +208,6 @@ class StaticTarget:
             c = dataclasses.replace(c, max_position_embeddings=min(context, c.max_position_embeddings))
         self.model, self.config = model, c
         self.embed_tokens, self.logits = model.embed_tokens, model.logits  # the loops read the weight's device, dtype
-        self.sampling = model.sampling  # how the loops draw its tokens
         w = model.embed_tokens.weight
         self.device, self.dtype = w.device, w.dtype
         self.scale = embed_scale(c.hidden_size, w.dtype)
@@ -215,6 +220,11 @@ class StaticTarget:
         self.step = compiled(self.forward, self.device) if compiled_rows else self.forward
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # T -> arange, positions, ids
         self.eager_steps = 0  # decode and verify steps that ran uncompiled: a row count outside compiled_rows
+
+    @property
+    def sampling(self) -> Sampling:
+        """The model's rule: how the loops draw its tokens."""
+        return self.model.sampling
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> (B, T, E): Gemma4Model.embed, its scale a float made once."""
