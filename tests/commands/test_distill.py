@@ -114,8 +114,8 @@ def first_round_alpha(target, drafter, prompt: list[int], sampler: SamplerConfig
     first = sample_generate(target, prompt, 1, sampler)[0]  # the loop's first token: the same keyed draw
     t = len(prompt)
     cache = KVCache(target.config, t + 1)
-    out = target.run(torch.tensor([prompt]), cache, start_pos=0, num_logits=1)
-    cache.length = t
+    out = target.run(torch.tensor([prompt]), cache, num_logits=1)
+    cache.length = torch.tensor([t])
     _, q = drafter.propose(target, [first], out.hidden[:, -1], [t], target_kv(cache, target, t), 1, [sampler])
     q = q[0]  # (1, V): row 0's one draft
     p = warp(target(torch.tensor([prompt + [first]]))[0, -1:], sampler)  # (1, V): the verify's row 0

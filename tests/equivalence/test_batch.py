@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, sample_generate
-from gemma4.generate import decode, prefill
+from gemma4.generate import decode
+from gemma4.rows import prefill
 from mtp import DraftLength, Drafter, speculative_generate, speculative_generate_batch
 from tests.checkpoints import SHAPES
 from tests.pairs import plain, prompt
@@ -124,9 +125,9 @@ def scripted(target: Gemma4Model, rows: list[list[int]], schedules: list[Callabl
     with torch.inference_mode():
         hidden = [target.run(torch.tensor([seq])).hidden[0] for seq in rows]  # (L, E) each, cache-free
 
-    def draft(target_, tokens, h, t, shared_kv, k, samplers=None):  # noqa: ANN001, ANN202
+    def draft(target_, tokens, h, positions, shared_kv, k, samplers=None):  # noqa: ANN001, ANN202
         out = []
-        for i, pos in enumerate(t):
+        for i, pos in enumerate(positions):
             r = [j for j, hid in enumerate(hidden)
                  if pos <= len(hid) and torch.allclose(hid[pos - 1], h[i], atol=1e-4, rtol=0)]
             assert len(r) == 1, "each batch row matches exactly one sequence"
@@ -183,9 +184,9 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
     spied = copy.deepcopy(target)  # the spy goes on a copy: `models` is the session's, read by other tests
     run = spied.run
 
-    def spy(ids, cache=None, start_pos=0, num_logits=None):  # noqa: ANN001, ANN202
+    def spy(ids, cache=None, start_pos=None, num_logits=None, soft=None):  # noqa: ANN001, ANN202
         sizes.append(ids.shape[0])
-        out = run(ids, cache, start_pos, num_logits)
+        out = run(ids, cache, start_pos=start_pos, num_logits=num_logits, soft=soft)
         assert not out.logits.isnan().any() and not out.hidden.isnan().any()
         return out
 
@@ -266,7 +267,7 @@ def test_cache_rows_equal_solo_caches(pairs, shape: str) -> None:  # noqa: ANN00
             cache.length = torch.tensor(lengths)
         for b, (seq, n) in enumerate(zip(rows, lengths)):
             solo = KVCache(target.config, n)
-            target.run(torch.tensor([seq[:n]]), solo, 0)
+            target.run(torch.tensor([seq[:n]]), solo)
             for layer in solo.keys:
                 torch.testing.assert_close(cache.keys[layer][b, :, :n], solo.keys[layer][0], atol=1e-5, rtol=1e-5)
                 torch.testing.assert_close(cache.values[layer][b, :, :n], solo.values[layer][0], atol=1e-5, rtol=1e-5)

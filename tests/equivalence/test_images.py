@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from gemma4 import Gemma4Tokenizer, SamplerConfig, load_target
-from gemma4.generate import choose, decode
+from gemma4.generate import decode
 from gemma4.model import Gemma4Model
+from gemma4.rows import choose
 from gemma4.vision.loading import Vision, load_vision
 from gemma4.vision.prompt import PromptImages
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate
 from mtp.drafter import Drafter
-from mtp.speculative import speculative_generate_batch
+from mtp.batch import speculative_generate_batch
 from tests.checkpoints import STOP_IDS, picture, write_assistant, write_target
 from tests.tokenizer_fixture import write_tokenizer
 
@@ -47,7 +48,7 @@ def cache_free(target: Gemma4Model, ids: list[int], images: PromptImages, n: int
     seq = list(ids)
     for _ in range(n):
         out = target.run(torch.tensor([seq]), soft=images.soft([0], len(seq), torch.device("cpu")))
-        seq += choose(out.logits[:, -1], [sampler], [len(seq)])
+        seq += choose(target, out.logits[:, -1], [sampler], [len(seq)])
     return seq[len(ids):]
 
 

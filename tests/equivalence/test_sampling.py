@@ -21,8 +21,8 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from gemma4 import SamplerConfig, greedy_generate, sample_generate
-from gemma4 import sampling
 from gemma4.cache import KV
+from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.sampling import (
     GOLDEN, MASK64, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
     keyed_uniform, sample, signed, stream_key, uniform_from_bits, warp, warp_row,
@@ -267,15 +267,16 @@ def test_argmax_drafting_equals_plain_sampling(models, shape: str, drafter: str,
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_rows_kept_whole_as_on_a_gpu(models, shape: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
-    """FREE_READS off (the speed layer's setting off the CPU): the same rule over every id of a row. The probabilities
-    are the picked-out ones (to float32 rounding: the softmax sums over more terms), and speculative sampling again
-    equals plain sampling token for token; sample drafting runs and repeats itself."""
+    """Rows kept whole (`WHOLE_ROWS`, the rule the speed layer gives a model off the CPU): the same rule over every
+    id of a row. The probabilities are the picked-out ones (to float32 rounding: the softmax sums over more terms),
+    and speculative sampling again equals plain sampling token for token (the drafter draws with the target's rule);
+    sample drafting runs and repeats itself."""
     logits = rows(4096, 4, seed=3)
     picked = warp(logits, SamplerConfig(**SAMPLER))
-    monkeypatch.setattr(sampling, "FREE_READS", False)
-    whole = warp(logits, SamplerConfig(**SAMPLER))
+    whole = WHOLE_ROWS.warp(logits, SamplerConfig(**SAMPLER))
     assert torch.equal(whole > 0, picked > 0) and torch.allclose(whole, picked, rtol=1e-5, atol=1e-7)
     target, draft_model = models[shape, "echo"]  # partly right: drafts kept and rejected
+    monkeypatch.setattr(target, "sampling", WHOLE_ROWS)  # the session's model: its textbook rule comes back after
     sampler, budget = SamplerConfig(**SAMPLER, seed=1), 16
     expected = sample_generate(target, prompt("long"), budget, sampler)  # not `plain`: it remembers picked-out runs
     assert speculative_generate(target, draft_model, prompt("long"), budget, DraftLength(3), sampler=sampler).tokens \
@@ -331,7 +332,8 @@ def test_sample_drafting_gives_the_centroid_filler_probability_zero(models) -> N
     t = len(p)
     sampler = SamplerConfig(temperature=1.0)  # no top-k/top-p: only the filler can make zeros
     drafts, q = drafter.propose(target, [p[-1]], out.hidden[:, -2], [t - 1],
-                                {kind: KV(k[:, :, :t - 1], v[:, :, :t - 1], t - 1) for kind, (k, v, _) in out.shared_kv.items()},
+                                {kind: KV(k[:, :, :t - 1], v[:, :, :t - 1], at[:, :t - 1])
+                                 for kind, (k, v, at) in out.shared_kv.items()},
                                 3, [sampler])
     drafts, q = drafts[0].tolist(), q[0]  # the one row
     assert q.shape == (3, 512)

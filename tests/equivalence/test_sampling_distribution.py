@@ -15,8 +15,9 @@ give χ² ≥ 80 at 400 runs (threshold 51.3), while 5% of the likeliest token's
 likely of one row's 3 candidates has λ = 2.0 at N = 800 and 39 at N = 16,000, the draws that
 `test_a_five_percent_bias_fails` takes: there the exact sampler passes and the biased one fails.
 
-Each mode also runs deliberately wrong acceptance rules (monkeypatched into mtp.accept, N_WRONG runs
-each) and asserts that they fail, so the test is known to detect what it is for:
+Each mode also runs deliberately wrong acceptance rules (monkeypatched into mtp.accept, or, for argmax
+drafting's keyed rule, which `accept` runs inline, into the loop's `accept`; N_WRONG runs each) and asserts that
+they fail, so the test is known to detect what it is for:
 - transformers' rule: q = softmax of the raw, unwarped drafter logits in the ratio test
   (transformers#47932). Against a drafter whose raw q(d) is below the target's p(d) it always keeps d;
 - the bonus drawn from the wrong row (the last draft's row instead of the row after it);
@@ -41,9 +42,10 @@ import pytest
 import torch
 
 import mtp.accept as rules
+import mtp.speculative as loop
 from gemma4 import SamplerConfig, load_target
 from gemma4.sampling import (
-    TOKEN_STREAM, ACCEPT_STREAM, candidates, keyed_choice, keyed_sample, keyed_uniform, sample, warp,
+    TOKEN_STREAM, ACCEPT_STREAM, candidates, keyed_choice, keyed_uniform, sample, warp,
 )
 from mtp import DraftLength, load_drafter, speculative_generate
 from tests.pairs import prompt
@@ -90,7 +92,22 @@ def chi_square(law: dict[tuple[int, ...], float], samples: list[tuple[int, ...]]
 
 # ---------------------------------------------------------------- the wrong rules
 
-CORRECT_KEYED, CORRECT_REJECTION = rules.accept_keyed, rules.accept_rejection
+CORRECT_ACCEPT, CORRECT_REJECTION = rules.accept, rules.accept_rejection
+
+
+def correct_keyed(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201
+    """The product's keyed rule (argmax drafting): `accept` with a sampler and no q."""
+    return CORRECT_ACCEPT(rule, drafts, logits, sampler, t, None, None)
+
+
+def keyed_replaced(replacement):  # noqa: ANN001, ANN201
+    """The loop's `accept` with its keyed rule (a sampler, no q) replaced; greedy and rejection as they are."""
+    def accept(rule, drafts, logits, sampler, t, q, greedy):  # noqa: ANN001, ANN202
+        if sampler is None or (q is not None and drafts):
+            return CORRECT_ACCEPT(rule, drafts, logits, sampler, t, q, greedy)
+        return replacement(rule, drafts, logits, sampler, t)
+    return accept
+
 RAW_Q: list[torch.Tensor] = []  # softmax of the raw drafter logits of every draft step (see raw_q_spy)
 
 
@@ -107,54 +124,55 @@ def raw_q_spy(drafter, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(drafter, "step", spy)
 
 
-def keyed_transformers(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
+def keyed_transformers(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     """Argmax drafts, but the ratio test (and residual) against the raw q, as transformers 5.22.2 does."""
     if not drafts:  # a round that drafted nothing: no test to run
-        return CORRECT_KEYED(drafts, logits, sampler, t)
-    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)  # q: (K, V)
+        return correct_keyed(rule, drafts, logits, sampler, t)
+    return CORRECT_REJECTION(rule, drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)  # q: (K, V)
 
 
-def keyed_wrong_bonus(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
-    a, token = CORRECT_KEYED(drafts, logits, sampler, t)
+def keyed_wrong_bonus(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201
+    a, token = correct_keyed(rule, drafts, logits, sampler, t)
     if a == len(drafts) > 0:  # all kept: the bonus from the last draft's row, not from the row after it
-        token = keyed_sample(warp(logits[a - 1:a], sampler), sampler.seed, TOKEN_STREAM, [t + 1 + a]).item()
+        token = rule.keyed_sample(rule.warp(logits[a - 1:a], sampler), sampler.seed, TOKEN_STREAM, [t + 1 + a]).item()
     return a, token
 
 
-def keyed_no_zeroing(drafts, logits, sampler, t):  # noqa: ANN001, ANN201
+def keyed_no_zeroing(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     """Keep d with probability p(d), else a fresh draw from p, which can be d again."""
-    p = warp(logits, sampler)
+    p = rule.warp(logits, sampler)
     for i, d in enumerate(drafts):
         if not keyed_uniform(sampler.seed, ACCEPT_STREAM, t + 1 + i) < float(p[i, d]):
-            return i, keyed_sample(p[i:i + 1], sampler.seed, TOKEN_STREAM, [t + 1 + i]).item()
-    return len(drafts), keyed_sample(p[-1:], sampler.seed, TOKEN_STREAM, [t + 1 + len(drafts)]).item()
+            return i, rule.keyed_sample(p[i:i + 1], sampler.seed, TOKEN_STREAM, [t + 1 + i]).item()
+    return len(drafts), rule.keyed_sample(p[-1:], sampler.seed, TOKEN_STREAM, [t + 1 + len(drafts)]).item()
 
 
-def rejection_transformers(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
+def rejection_transformers(rule, drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
     """Sampled drafts, but the raw q in the ratio test and the residual instead of the warped one."""
-    return CORRECT_REJECTION(drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)
+    return CORRECT_REJECTION(rule, drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)
 
 
-def rejection_wrong_bonus(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
+def rejection_wrong_bonus(rule, drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
     # The last row replaced by the last draft's row: the bonus is drawn from the wrong distribution.
-    return CORRECT_REJECTION(drafts, q, torch.cat([logits[:-1], logits[-2:-1]]), sampler, t)
+    return CORRECT_REJECTION(rule, drafts, q, torch.cat([logits[:-1], logits[-2:-1]]), sampler, t)
 
 
-def rejection_shared_uniform(drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
+def rejection_shared_uniform(rule, drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
     """The product's rule with the first draft's uniform used at every position of the block."""
     keyed = rules.keyed_uniform
     rules.keyed_uniform = lambda seed, stream, position: keyed(seed, stream, t + 1)
     try:
-        return CORRECT_REJECTION(drafts, q, logits, sampler, t)
+        return CORRECT_REJECTION(rule, drafts, q, logits, sampler, t)
     finally:
         rules.keyed_uniform = keyed
 
 
 RULES = {  # name -> (drafting mode, the function replaced, its replacement); None: the product's own
+    # "keyed": argmax drafting's rule, which `accept` runs inline: the loop's `accept` is replaced (keyed_replaced)
     "argmax": ("argmax", None, None),
-    "argmax, transformers' raw-q rule": ("argmax", "accept_keyed", keyed_transformers),
-    "argmax, bonus from the wrong row": ("argmax", "accept_keyed", keyed_wrong_bonus),
-    "argmax, no d-zeroing on rejection": ("argmax", "accept_keyed", keyed_no_zeroing),
+    "argmax, transformers' raw-q rule": ("argmax", "keyed", keyed_transformers),
+    "argmax, bonus from the wrong row": ("argmax", "keyed", keyed_wrong_bonus),
+    "argmax, no d-zeroing on rejection": ("argmax", "keyed", keyed_no_zeroing),
     "sample": ("sample", None, None),
     "sample, transformers' raw-q rule": ("sample", "accept_rejection", rejection_transformers),
     "sample, bonus from the wrong row": ("sample", "accept_rejection", rejection_wrong_bonus),
@@ -192,7 +210,9 @@ def test_first_tokens_follow_the_target_law(rule: str, mini, law, monkeypatch: p
     target, drafter = mini[0], copy.deepcopy(mini[1])  # the spy goes on a copy: the module's drafter stays
     drafting, replaced, replacement = RULES[rule]
     raw_q_spy(drafter, monkeypatch)
-    if replaced:
+    if replaced == "keyed":
+        monkeypatch.setattr(loop, "accept", keyed_replaced(replacement))
+    elif replaced:
         monkeypatch.setattr(rules, replaced, replacement)
     runs = N if replaced is None else N_WRONG
     samples, accepted = [], 0

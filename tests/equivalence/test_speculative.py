@@ -166,16 +166,16 @@ def test_cache_length_and_statistics_match_a_recount(models, monkeypatch: pytest
         p = prompt("long")
         full = p + plain(target, prompt("long"), 37)  # prompt + the committed tokens, known beforehand
         seen: list[tuple[int, int, int]] = []  # (start_pos, cache length, committed tokens) at every verify forward
-        proposals: list[tuple[int, list[int]]] = []  # (t, drafts) as the drafter returned them
+        proposals: list[tuple[int, list[int]]] = []  # (position, drafts) as the drafter returned them
         committed = [len(p)]
         run, propose = target.run, draft_model.propose
 
-        def spy(ids, cache=None, start_pos=0, num_logits=None):  # noqa: ANN001, ANN202
-            if start_pos:
-                seen.append((start_pos, cache.length, committed[0]))
-            return run(ids, cache, start_pos, num_logits)
+        def spy(ids, cache=None, start_pos=None, num_logits=None, soft=None):  # noqa: ANN001, ANN202
+            if start_pos is not None and int(start_pos[0]):  # past the prefill's, from position 0
+                seen.append((int(start_pos[0]), int(cache.length[0]), committed[0]))
+            return run(ids, cache, start_pos=start_pos, num_logits=num_logits, soft=soft)
 
-        def spy_propose(*args):  # noqa: ANN002, ANN202 (target, tokens, hidden, t, kv, k, samplers)
+        def spy_propose(*args):  # noqa: ANN002, ANN202 (target, tokens, hidden, positions, kv, k, samplers)
             drafts, q = propose(*args)
             proposals.append((args[3][0], drafts[0].tolist()))  # the one row
             return drafts, q

@@ -20,11 +20,14 @@ import torch
 from gemma4 import (
     Gemma4Model, Gemma4Tokenizer, KVCache, SamplerConfig, greedy_generate, load_target, reference_greedy,
 )
+from gemma4.cache import EMPTY
 from gemma4.extras.memory import cache_bytes
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
-from gemma4.generate import decode, prefill, sample_generate
+from gemma4.generate import decode, sample_generate
+from gemma4.rows import prefill
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate, speculative_generate_batch
 from mtp.extras.conversation import common_prefix
+from mtp.extras.growing import GrowingCache
 from mtp.speculative import target_kv
 from tests.checkpoints import SHAPES, STOP_IDS
 from tests.pairs import plain
@@ -54,6 +57,18 @@ def ring(model: Gemma4Model, positions: int, slack: int = SLACK, **kw) -> KVCach
     return KVCache(model.config, positions, slack=slack, dtype=w.dtype, device=w.device, **kw)
 
 
+def growing(model: Gemma4Model, positions: int, slack: int = SLACK) -> GrowingCache:
+    """The conversation's cache (mtp/extras/growing.py), its sliding layers keeping W + slack slots."""
+    w = model.embed_tokens.weight
+    return GrowingCache(model.config, positions, dtype=w.dtype, device=w.device, slack=slack)
+
+
+def written(cache: KVCache) -> int:
+    """One past the newest position a forward wrote (a stale one included): the rings record every write's position,
+    and a rollback's rewrite never reaches the newest one's slot (it lies less than a ring behind)."""
+    return int(cache.slot_positions.max()) + 1
+
+
 def unbounded(model: Gemma4Model, positions: int) -> KVCache:
     """A cache that keeps every position of every layer: slack >= capacity makes the ring the capacity."""
     cache = ring(model, positions, slack=positions)
@@ -65,9 +80,9 @@ def chunked_logits(model: Gemma4Model, tokens: list[int], chunk: int, cache: KVC
     """Every position's logits (T, V), the ids run in chunks through `cache` as `prefill` runs them."""
     rows = []
     for start in range(0, len(tokens), chunk):
-        cache.length = start
-        rows.append(model.run(torch.tensor([tokens[start:start + chunk]]), cache, start).logits[0])
-    cache.length = len(tokens)
+        cache.length = torch.tensor([start])
+        rows.append(model.run(torch.tensor([tokens[start:start + chunk]]), cache, cache.length).logits[0])
+    cache.length = torch.tensor([len(tokens)])
     return torch.cat(rows)
 
 
@@ -130,7 +145,7 @@ def test_chunked_prefill_logits_within_the_float64_bound(float64_e2b, chunk: int
     chunked = chunked_logits(target32, ODD, chunk, ring(target32, len(ODD), slack=chunk))
     cache = ring(target64, len(ODD), slack=chunk)
     chunked64 = chunked_logits(target64, ODD, chunk, cache)
-    assert cache.frontier > 2 * cache.ring  # wrapped twice at least
+    assert written(cache) > 2 * cache.ring  # wrapped twice at least
     within_bound(chunked, one_pass, chunked64, one_pass64, target32.config.num_layers)
     logits, _ = prefill(target64, ring(target64, len(ODD) + 1, slack=chunk), [ODD])
     same_math(logits[0], one_pass64[-1])
@@ -146,7 +161,7 @@ def test_chunked_prefill_tokens_equal_one_pass(models, chunk: int) -> None:  # n
         one_pass = sample_generate(target, ODD, NEW, sampler)
         cache = ring(target, n, slack=chunk)
         assert sample_generate(target, ODD, NEW, sampler, cache=cache) == one_pass
-        assert cache.frontier == n - 1 > 4 * cache.ring
+        assert written(cache) == n - 1 > 4 * cache.ring
     assert sample_generate(target, ODD, NEW, GREEDY, prefill_chunk=chunk) == \
         sample_generate(target, ODD, NEW, GREEDY)  # prefill_chunk= on a cache the call makes
 
@@ -170,7 +185,7 @@ def test_speculative_equals_plain_and_cache_free(models, shape: str, k: int) -> 
         cache = ring(target, n)
         result = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(k), cache=cache)
         assert result.tokens == expected, name
-        assert cache.frontier > 4 * cache.ring
+        assert written(cache) > 4 * cache.ring
         wrapped = [(t, kk, a) for t, kk, a in rounds(result, len(PROMPT)) if crosses(t, kk + 1, cache.ring)]
         if name == "echo":  # a verify wrote across the wrap and its accepted drafts were committed there
             assert any(a > 0 and crosses(t, a + 1, cache.ring) for t, _, a in wrapped), name
@@ -205,7 +220,7 @@ def test_sampling_on_a_small_ring(models) -> None:  # noqa: ANN001
     assert sampled.tokens == whole.tokens
     assert [(r.drafted, r.accepted) for r in sampled.stats.rounds] == [(r.drafted, r.accepted)
                                                                        for r in whole.stats.rounds]
-    assert small.frontier > 4 * small.ring and any(r.accepted < len(r.drafted) for r in sampled.stats.rounds)
+    assert written(small) > 4 * small.ring and any(r.accepted < len(r.drafted) for r in sampled.stats.rounds)
 
 
 # ---------------------------------------------------------------- batches
@@ -250,7 +265,7 @@ def test_batch_rows_on_a_tiny_ring(float64_e2b) -> None:  # noqa: ANN001
             same_math(out.logits[b], target(torch.tensor([seq + block[b].tolist()]))[0, -3:])
             seq += block[b, :keep[b]].tolist()
         cache.length = cache.length + torch.tensor(keep)
-    assert [len(s) for s in seqs] == cache.length.tolist() and cache.frontier > 4 * cache.ring
+    assert [len(s) for s in seqs] == cache.length.tolist() and written(cache) > 4 * cache.ring
 
 
 # ---------------------------------------------------------------- a conversation on one cache
@@ -265,7 +280,7 @@ def test_chat_on_a_small_ring(models, tmp_path, speculative: bool) -> None:  # n
     tokenizer = Gemma4Tokenizer(write_tokenizer(tmp_path))
     target, drafter = models["e2b", "echo"]
     conv = Conversation(target, tokenizer, drafter if speculative else None, stop_ids=STOP_IDS)
-    conv.cache = ring(target, conv.context, reserve=0)
+    conv.cache = growing(target, conv.context)
     sampler = GREEDY if speculative else SAMPLER
     n = 6
 
@@ -310,6 +325,7 @@ def test_static_steps_on_a_small_ring(models) -> None:  # noqa: ANN001
     cache = StaticKVCache(target.config, len(PROMPT) + NEW, slack=SLACK, align=1)
     assert cache.ring == W + SLACK
     assert sample_generate(st, PROMPT, NEW, GREEDY, cache=cache) == expected
+    cache.length = torch.tensor([0])  # the next run holds nothing of it: a prefill from position 0
     result = speculative_generate(st, sd, PROMPT, NEW, DraftLength(4), cache=cache)
     assert result.tokens == expected and cache.frontier > 4 * cache.ring
     assert any(r.accepted < len(r.drafted) for r in result.stats.rounds)
@@ -334,7 +350,7 @@ def test_logits_match_transformers_through_the_ring(float64_e2b) -> None:  # noq
 
 def shortened(cache: KVCache, by: int) -> KVCache:
     """The same cache with a ring `by` slots shorter, before anything is written."""
-    assert cache.frontier == 0
+    assert bool((cache.slot_positions == EMPTY).all())
     cache.ring -= by
     cache.slot_positions = cache.slot_positions[:, :cache.ring]
     return cache
@@ -361,8 +377,9 @@ def test_a_ring_one_slot_short_loses_a_key(float64_e2b) -> None:  # noqa: ANN001
         """The drafter's logits at t = P + 1 after a verify of slack rows at P that kept only its first."""
         chunked_logits(target, PROMPT, SLACK, cache)
         verify = ids(SLACK, 9)
-        out = target.run(torch.tensor([verify]), cache, len(PROMPT))  # stale slots up to t + slack - 2
-        t = cache.length = len(PROMPT) + 1
+        out = target.run(torch.tensor([verify]), cache, torch.tensor([len(PROMPT)]))  # stale slots up to t + slack - 2
+        t = len(PROMPT) + 1
+        cache.length = torch.tensor([t])
         kv = target_kv(cache, target, t)
         inputs = wide.layer_inputs(torch.tensor([[t]]), kv, torch.float64)
         hn, _ = wide.step(target.embed(torch.tensor([[verify[1]]])), out.hidden[:, :1], inputs, kv)
@@ -375,25 +392,25 @@ def test_a_ring_one_slot_short_loses_a_key(float64_e2b) -> None:  # noqa: ANN001
 
 def test_a_rollback_past_the_ring(float64_e2b) -> None:  # noqa: ANN001
     """Lowering the length to n keeps every key a later query reads only while the newest write reached at most
-    n + slack (`holds`). A rollback within that equals the cache-free forward; one further back is refused by
-    `prefill`, and run anyway (bypassing `holds`) it reads slots the ring has given to later positions: far off."""
+    n + slack (the growing cache's `holds`, which a conversation asks before it keeps a prefix: it prefills from 0
+    where the answer is no: test_chat_on_a_small_ring). A rollback within that equals the cache-free
+    forward; one further back is refused by `holds`, and run anyway (bypassing `holds`) it reads slots the ring has
+    given to later positions: far off."""
     target, _, _ = float64_e2b
     one_pass = target(torch.tensor([PROMPT]))[0]
-    cache = ring(target, len(PROMPT))
+    cache = growing(target, len(PROMPT))
     chunked_logits(target, PROMPT, SLACK, cache)
     back = len(PROMPT) - SLACK  # 35: the newest write reached 39 < 35 + 5
     assert cache.holds(back) and not cache.holds(back - 1)
-    cache.length = back
-    same_math(target.run(torch.tensor([PROMPT[back:]]), cache, back).logits[0], one_pass[back:])
+    cache.length = torch.tensor([back])
+    same_math(target.run(torch.tensor([PROMPT[back:]]), cache, cache.length).logits[0], one_pass[back:])
 
-    cache.length = len(PROMPT)
+    cache.length = torch.tensor([len(PROMPT)])
     far = 20  # the ring (13) has wrapped past it: slots of 20..26 now hold 33..39
     assert not cache.holds(far)
-    with pytest.raises(ValueError, match="no longer holds"):
-        prefill(target, cache, [PROMPT], far)
-    cache.length = far  # trust the reused slots
-    far_off(target.run(torch.tensor([PROMPT[far:far + SLACK]]), cache, far).logits[0], one_pass[far:far + SLACK],
-            target.config.num_layers)
+    cache.length = torch.tensor([far])  # trust the reused slots
+    far_off(target.run(torch.tensor([PROMPT[far:far + SLACK]]), cache, cache.length).logits[0],
+            one_pass[far:far + SLACK], target.config.num_layers)
 
 
 def test_cache_bytes_of_the_rings(models) -> None:  # noqa: ANN001

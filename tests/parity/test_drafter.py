@@ -1,7 +1,7 @@
 """The textbook drafter and target (`fast=False`) against transformers 5.22.2 `Gemma4AssistantForCausalLM` on the
 same files: logits of both heads and the next hidden for the same target state (float32, bound against a float64
 run: tests/tolerance.py), whole drafting rounds, and the first round of transformers' assisted `generate`. Plus
-the load-time pair checks."""
+the load-time pair checks (a wider sliding window than the target's among them)."""
 
 import copy
 import json
@@ -50,8 +50,8 @@ def drafter_vs_tf64(files: tuple[Path, Path]):  # noqa: ANN201
 def our_state(target, ids: list[int]):  # noqa: ANN001, ANN201
     """Prefill like the loop does: the committed token at position P, h[P-1], K/V of 0..P-1."""
     cache = KVCache(target.config, len(ids) + 1)
-    out = target.run(torch.tensor([ids]), cache, 0)
-    cache.length = len(ids)
+    out = target.run(torch.tensor([ids]), cache)
+    cache.length = torch.tensor([len(ids)])
     return int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, len(ids))
 
 
@@ -59,8 +59,8 @@ def one_step(target, drafter, tf_t, tf_a, ids: list[int], token: int):  # noqa: 
     """Both drafters' step from transformers' own target state over ids, at t = len(ids) -> ours (model
     head logits, dense head logits, next hidden), our greedy token, and transformers' DrafterStep."""
     state, t = tf_target_outputs(tf_t, ids), len(ids)
-    kv = {kind: KV(k[:, :, :t], v[:, :, :t], t) for kind, (k, v) in state.kv.items()}  # positions 0..t-1
-    inputs = drafter.layer_inputs(torch.tensor([t]), kv, state.hidden.dtype)
+    kv = {kind: KV(k[:, :, :t], v[:, :, :t], torch.arange(t)[None]) for kind, (k, v) in state.kv.items()}  # 0..t-1
+    inputs = drafter.layer_inputs(torch.tensor([[t]]), kv, state.hidden.dtype)
     hn, next_hidden = drafter.step(target.embed(torch.tensor([[token]])), state.hidden[None, -1:], inputs, kv)
     hn = hn[:, 0]  # (1, D)
     ours = (drafter.logits(hn)[0], hn[0] @ drafter.model.embed_tokens.weight.T, next_hidden[0, 0])  # (V,), (V,), (E,)
@@ -131,7 +131,11 @@ def test_pair_checks_name_both_checkpoints(tmp_path: Path) -> None:
     config["backbone_hidden_size"] = 96
     with pytest.raises(ConfigError, match="backbone_hidden_size is 96, the target's hidden size is 64"):
         check_pair(load_target(moe).config, drafter_config_from_dict(config), "T", "A")
-    config["backbone_hidden_size"], config["text_config"]["vocab_size"] = 64, 1024
+    window = config["text_config"]["sliding_window"]
+    config["backbone_hidden_size"], config["text_config"]["sliding_window"] = 64, 16  # the target's is 8
+    with pytest.raises(ConfigError, match=r"its sliding window \(16\) is wider than the target's \(8\)"):
+        check_pair(load_target(moe).config, drafter_config_from_dict(config), "T", "A")
+    config["text_config"]["sliding_window"], config["text_config"]["vocab_size"] = window, 1024
     with pytest.raises(ConfigError, match="vocabulary has 1024 tokens"):
         check_pair(load_target(moe).config, drafter_config_from_dict(config), "T", "A")
     config["text_config"]["num_kv_shared_layers"] = 2

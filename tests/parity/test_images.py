@@ -52,7 +52,7 @@ def logits(path: Path, dtype: torch.dtype, causal_only: bool = False) -> tuple[t
     ids, images = vision.prompt([2, 10, 11, b, 12, 13, b, 14], vectors)
     soft = images.soft([0], len(ids), torch.device("cpu"))
     if causal_only:
-        soft = soft._replace(image=None)
+        soft = soft._replace(both_ways=None)
     mine = ours.run(torch.tensor([ids]), soft=soft).logits[0]
     tf = tf_target(path, dtype=dtype)
     x = torch.tensor([ids])

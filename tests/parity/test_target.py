@@ -52,11 +52,11 @@ def test_full_prompt_logits(target_vs_tf, target_vs_tf64) -> None:  # noqa: ANN0
 def cached_step_logits(model: Gemma4Model, ids: list[int], n_prompt: int) -> torch.Tensor:
     """Our tf_cached_step_logits: prefill ids[:n_prompt], then one token per forward -> (1 + len - n_prompt, V)."""
     cache = KVCache(model.config, len(ids), dtype=next(model.parameters()).dtype)
-    rows = [model.run(torch.tensor([ids[:n_prompt]]), cache, 0, num_logits=1).logits[0, -1]]
-    cache.length = n_prompt
+    rows = [model.run(torch.tensor([ids[:n_prompt]]), cache, num_logits=1).logits[0, -1]]
+    cache.length = torch.tensor([n_prompt])
     for token in ids[n_prompt:]:
         rows.append(model.run(torch.tensor([[token]]), cache, cache.length).logits[0, -1])
-        cache.length += 1
+        cache.length = cache.length + 1
     return torch.stack(rows)
 
 
@@ -82,9 +82,9 @@ def test_multi_token_chunks_match_one_prefill(shape: str, tmp_path: Path) -> Non
     cache = KVCache(ours.config, len(ids), dtype=torch.float64)
     chunks, start, rows = (9, 5, 1, 12, 6), 0, []
     for n in chunks:
-        rows.append(ours.run(torch.tensor([ids[start:start + n]]), cache, start).logits[0])
+        rows.append(ours.run(torch.tensor([ids[start:start + n]]), cache, torch.tensor([start])).logits[0])
         start += n
-        cache.length = start
+        cache.length = torch.tensor([start])
     torch.testing.assert_close(torch.cat(rows), full, atol=1e-9, rtol=0)
 
 

@@ -1,5 +1,5 @@
-"""Draft-length schedules (mtp/schedule.py, mtp/auto_schedule.py), the controller alone: no models, and no wall
-clock (`auto` times its rounds on a clock each test moves by hand).
+"""Draft-length schedules (mtp/schedule.py, mtp/heuristic.py, mtp/auto_schedule.py), the controller alone: no
+models, and no wall clock (`auto` times its rounds on a clock each test moves by hand).
 
 - With fixed costs and acceptance, `auto` picks the K the closed form says (E(K)/time(K) by brute force
   here): α = 1 with cheap drafts -> max_k (or the room), α = 0 -> 0, a verify as dear as 3 decode
@@ -24,7 +24,8 @@ import math
 import pytest
 
 from mtp.auto_schedule import ALPHA_PRIOR, PROBE_EVERY, WEIGHT, Auto
-from mtp.schedule import SCHEDULES, Constant, DraftLength, Heuristic, HeuristicTransient
+from mtp.heuristic import Heuristic, HeuristicTransient
+from mtp.schedule import SCHEDULES, Constant, DraftLength
 
 
 def draft_s(k: int) -> float:

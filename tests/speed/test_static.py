@@ -57,6 +57,7 @@ def test_plain_equals_textbook(models, shape: str) -> None:  # noqa: ANN001
     st, _, cache = static(target, drafter)
     ids = prompt("long")
     assert sample_generate(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)
+    cache.length = torch.tensor([0])  # the next run holds nothing of it: a prefill from position 0
     assert sample_generate(st, ids, N, SAMPLER, cache=cache) == sample_generate(target, ids, N, SAMPLER)
 
 
@@ -79,7 +80,8 @@ def test_speculative_equals_textbook(models, shape: str, k: int, drafting: str) 
 
 @pytest.mark.parametrize("speculative", [True, False])
 def test_conversation_on_a_static_cache(models, tmp_path, speculative: bool) -> None:  # noqa: ANN001
-    """Turns reuse the cache's prefix (prefill from `reuse`): the same replies as on the textbook's cache."""
+    """Turns reuse the cache's prefix (prefill from the length it is handed): the same replies as on the textbook's
+    cache."""
     tokenizer = Gemma4Tokenizer(write_tokenizer(tmp_path))
     target, drafter = models["e2b", "echo"]
     st, sd, _ = static(target, drafter)
@@ -124,6 +126,7 @@ def test_a_static_target_stops_at_its_context(models) -> None:  # noqa: ANN001
     assert st.config.max_position_embeddings == context and target.config.max_position_embeddings > context
     cache = StaticKVCache(target.config, context)
     assert sample_generate(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)[:6]
+    cache.length = torch.tensor([0])  # the next run holds nothing of it
     spec = speculative_generate(st, sd, ids, N, DraftLength(4), cache=cache)
     assert spec.tokens == greedy_generate(target, ids, N)[:6] and spec.finish_reason == "length"
 
@@ -142,6 +145,7 @@ def test_capacities_are_aligned(models) -> None:  # noqa: ANN001
     assert aligned.capacity % 64 == 0 and aligned.capacity > context
     expected = greedy_generate(target, ids, N)
     assert sample_generate(st, ids, N + 5, SamplerConfig(0.0), cache=aligned) == expected  # cut at the context
+    aligned.length = torch.tensor([0])  # the next run holds nothing of it
     assert speculative_generate(st, StaticDrafter(drafter), ids, N, DraftLength(4), cache=aligned).tokens == expected
 
 
@@ -153,7 +157,7 @@ def test_the_cache_writes_at_device_positions_and_reads_whole_buffers(models) ->
     assert keys.shape == (1, 1, 16, 16) and keys.data_ptr() == cache.keys[0].data_ptr()
     assert torch.equal(keys[:, :, 4:7], k) and torch.equal(values[:, :, 4:7], v) and not keys[:, :, :4].any()
     assert cache.read(0, 5)[0].shape == (1, 1, 16, 16)  # whole: the reader's mask hides 5..15
-    cache.length = 4
+    cache.length = torch.tensor([4])
     cache.check(4, 12)
     with pytest.raises(ValueError, match="hole"):
         cache.check(5, 1)
@@ -165,9 +169,9 @@ def test_what_a_static_target_refuses(models) -> None:  # noqa: ANN001
     target, drafter = models["e2b", "echo"]
     st, _, _ = static(target, drafter)
     with pytest.raises(ValueError, match="StaticKVCache"):
-        st.run(torch.tensor([[2, 5]]), KVCache(target.config, 8), 0)
+        st.run(torch.tensor([[2, 5]]), KVCache(target.config, 8))
     with pytest.raises(ValueError, match="one row"):
-        st.run(torch.tensor([[2], [5]]), StaticKVCache(target.config, 8), 0)
+        st.run(torch.tensor([[2], [5]]), StaticKVCache(target.config, 8))
 
 
 def step_arguments(st: StaticTarget, cache: StaticKVCache, t: int) -> tuple:
@@ -216,10 +220,16 @@ def test_compiled_equals_eager(models, shape: str) -> None:  # noqa: ANN001
     st.warm_up(cache)
     sd.warm_up(st, cache)
     eager_target, eager_drafter, _ = static(target, drafter, n)
-    assert sample_generate(st, ids, n, SamplerConfig(0.0), cache=cache) == \
-        sample_generate(eager_target, ids, n, SamplerConfig(0.0), cache=cache)
-    spec = speculative_generate(st, sd, ids, n, DraftLength(1), cache=cache)
-    assert spec.tokens == speculative_generate(eager_target, eager_drafter, ids, n, DraftLength(1), cache=cache).tokens
+
+    def fresh(cache: StaticKVCache) -> StaticKVCache:
+        cache.length = torch.tensor([0])  # each run holds nothing of the last: a prefill from position 0
+        return cache
+
+    assert sample_generate(st, ids, n, SamplerConfig(0.0), cache=fresh(cache)) == \
+        sample_generate(eager_target, ids, n, SamplerConfig(0.0), cache=fresh(cache))
+    spec = speculative_generate(st, sd, ids, n, DraftLength(1), cache=fresh(cache))
+    assert spec.tokens == speculative_generate(eager_target, eager_drafter, ids, n, DraftLength(1),
+                                               cache=fresh(cache)).tokens
     assert spec.tokens == greedy_generate(target, ids, n)
 
 

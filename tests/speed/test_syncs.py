@@ -1,14 +1,15 @@
 """Host reads (scripts/bench/syncs.py): a plain greedy decode step reads the device once (the committed token),
 a greedy speculative round at most twice (the drafts once, the verify's argmax once, for every row of a batch).
 Every read of a tensor's value is a stall on a GPU; the count is the same on every device, so the CPU test holds
-the CUDA loop to it. Sampling is counted as a GPU runs it: with `FREE_READS` off (the speed layer's setting off the
-CPU, gemma4/sampling.py), where nothing waits for the device but the one read of the tokens."""
+the CUDA loop to it. Sampling is counted as a GPU runs it: with the target's rule `WHOLE_ROWS` (the one the speed layer
+gives a model off the CPU, gemma4/fast/sampling.py), where nothing waits for the device but the one read of the
+tokens."""
 
 import pytest
 import torch
 
 from bench.syncs import METHODS, SAMPLED, host_reads, per_step
-from gemma4 import sampling
+from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.sampling import TOKEN_STREAM, sample
 from gemma4.generate import decode
 from mtp import DraftLength, speculative_generate_batch
@@ -58,8 +59,8 @@ def test_sampling_reads_once_and_picks_nothing_out_as_on_a_gpu(models, monkeypat
     with host_reads(profile=True) as picked:
         sample(torch.randn(2, 64, generator=torch.Generator().manual_seed(0)), SAMPLED, TOKEN_STREAM, [5, 6])
     assert picked.syncing_ops["aten::nonzero"] >= 2 and picked.total == 1  # the CPU's rule picks ids out: seen
-    monkeypatch.setattr(sampling, "FREE_READS", False)
     target, assistant = models["e2b", "echo"]
+    monkeypatch.setattr(target, "sampling", WHOLE_ROWS)  # the drafter draws with it too; the session's rule comes back
     counts = per_step(target, assistant, prompt("long"), 10, k=4, profile=True)  # the profiler is slow: few tokens
     reads, ops = counts["host_reads"], counts["syncing_ops"]
     # A sampled token is read once (plain), and a sampled round reads no more than a greedy one: the drafts, then
@@ -74,10 +75,10 @@ def test_sampling_reads_once_and_picks_nothing_out_as_on_a_gpu(models, monkeypat
 def test_a_batch_round_reads_as_one_row_and_its_clocks_run_after_the_read(models, sampled: bool,  # noqa: ANN001
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy: one read of every row's argmax, before any row's schedule reads its clock (`auto` times the round
-    from next() to observe(): a clock read before the device finished would time the launch). Sampled (FREE_READS
-    off): one read a row."""
+    from next() to observe(): a clock read before the device finished would time the launch). Sampled (the target's
+    rule `WHOLE_ROWS`): one read a row."""
     target, assistant = models["e2b", "echo"]
-    monkeypatch.setattr(sampling, "FREE_READS", False)
+    monkeypatch.setattr(target, "sampling", WHOLE_ROWS)
     prompts = [prompt("long", seed=s) for s in (1, 2, 3)]
     events: list[tuple[str, int]] = []
     with host_reads() as reads:
