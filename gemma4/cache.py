@@ -71,8 +71,7 @@ class KVCache:
         return self.ring if self.kinds[layer] == SLIDING else self.capacity
 
     def allocate(self, layer: int) -> int:
-        """The slots made at first: all of them (a growing cache makes fewer: mtp/extras/growing.py)."""
-        return self.size(layer)
+        return self.size(layer)  # the slots made at first: all (a growing cache makes fewer: mtp/extras/growing.py)
 
     def claim(self, start: torch.Tensor, t: int) -> Slots:
         """Slots for T new tokens of every row b at start[b].. (start (B,) on the host), checked once per forward, not
@@ -80,9 +79,10 @@ class KVCache:
         if t > self.slack:
             raise ValueError(f"a forward of {t} positions does not fit the sliding layers' slack of {self.slack}: "
                              f"run it in chunks of at most {self.slack}")
-        if bool((start > self.length).any()):
-            raise ValueError(f"writes at {start.tolist()} would leave a hole: {self.length.tolist()} are valid")
-        end = int(start.max()) + t
+        starts, lengths = start.numpy(), self.length.numpy()  # host memory, read without a device (a GPU's raises)
+        if (starts > lengths).any():
+            raise ValueError(f"writes at {starts.tolist()} would leave a hole: {lengths.tolist()} are valid")
+        end = int(starts.max()) + t
         if end > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} positions; position {end - 1} does not fit")
         device = self.slot_positions.device
