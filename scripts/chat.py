@@ -33,6 +33,7 @@ from cli.startup import quiet_interrupt
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     import torch
 
+    from cli.clock import RoundClock
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
         UsageError, add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
@@ -91,17 +92,21 @@ class Lines:
 
 # ---------------------------------------------------------------- output
 
-def reply_json(reply: Reply, draft_length: DraftLength | None = None, eager_rounds: int | None = None) -> dict:
-    """One turn for --json. An interrupted turn has no statistics (the loop did not finish them)."""
+def reply_json(reply: Reply, clock: RoundClock, draft_length: DraftLength | None = None,
+               eager_rounds: int | None = None) -> dict:
+    """One turn for --json (`clock`: the turn's on_commit). An interrupted turn has no statistics (the loop did not
+    finish them)."""
     stats = (None if reply.finish_reason == "interrupted"
-             else stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length, eager_rounds))
+             else stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length, eager_rounds,
+                             clock))
     return {"turn": reply.turn, "prompt_ids": reply.prompt_ids, "reused": reply.reused, "prefilled": reply.prefilled,
             "tokens": reply.tokens, "text": reply.text, "finish_reason": reply.finish_reason, "stats": stats}
 
 
-def reply_report(reply: Reply, temperature: float, draft_length: DraftLength | None = None,
+def reply_report(reply: Reply, clock: RoundClock, temperature: float, draft_length: DraftLength | None = None,
                  eager_rounds: int | None = None) -> str:
-    """What /stats prints: the cache's part in the turn, then generate.py's statistics block."""
+    """What /stats prints: the cache's part in the turn, then generate.py's statistics block (`clock`: the turn's
+    on_commit)."""
     first = "" if reply.first_token_seconds is None else f"; first token after {reply.first_token_seconds:.2f} s"
     head = (f"-- turn {reply.turn}: the prompt has {len(reply.prompt_ids)} tokens: {reply.reused} reused from the "
             f"cache, {reply.prefilled} prefilled{first}")
@@ -109,7 +114,7 @@ def reply_report(reply: Reply, temperature: float, draft_length: DraftLength | N
         return f"{head}\n-- interrupted after {len(reply.tokens)} new tokens (no statistics)"
     result = {"tokens": reply.tokens, "finish_reason": reply.finish_reason,
               "stats": stats_json(reply.stats, reply.tokens, reply.seconds, reply.stats and draft_length,
-                                  eager_rounds),
+                                  eager_rounds, clock),
               "sampling": {"temperature": temperature}}
     return f"{head}\n{stats_text(result, reply.stats)}"
 
@@ -154,16 +159,18 @@ class Session:
     say: Callable[[str], None]  # a line on stderr (nowhere with --json)
     images: Callable[[str], torch.Tensor]  # /image: a path -> its vectors, or an ImageError
     last: Reply | None = None
+    clock: RoundClock | None = None  # the last turn's: its rounds' seconds
     pending: list[torch.Tensor] = field(default_factory=list)  # the next message's images, from /image
     eager: int | None = None  # --compile: the last turn's rounds whose step ran uncompiled
 
     def turn(self, text: str) -> None:
         stream = Stream(self.conversation.tokenizer, self.sinks)
+        clock = RoundClock(stream.commit)  # each round's seconds, for the statistics
         a = self.assistant
         before = getattr(self.conversation.target, "eager_steps", None)  # a StaticTarget's (--compile) count
         try:
             reply = self.conversation.say(text, self.max_new_tokens, self.target.sampler, a and a.draft_length,
-                                          a.drafting if a else "argmax", on_commit=stream.commit,
+                                          a.drafting if a else "argmax", on_commit=clock,
                                           images=self.pending)
         except ContextFull as e:  # the conversation is unchanged and goes on
             if self.json_output:  # an object in the turn's place: a script reading a line per turn stays in step
@@ -174,10 +181,10 @@ class Session:
             stream.finish()
             self.say("(interrupted)\n")
             return
-        self.last, self.pending = reply, []
+        self.last, self.clock, self.pending = reply, clock, []
         self.eager = None if before is None else self.conversation.target.eager_steps - before
         if self.json_output:
-            print(json.dumps(reply_json(reply, a and a.draft_length, self.eager)), flush=True)
+            print(json.dumps(reply_json(reply, clock, a and a.draft_length, self.eager)), flush=True)
             return
         stream.finish()
         if reply.finish_reason == "interrupted":
@@ -213,8 +220,8 @@ class Session:
             return False
         if line == "/stats":
             length = self.assistant and self.assistant.draft_length
-            self.say(reply_report(self.last, self.target.sampler.temperature, length, self.eager) if self.last
-                     else "-- no turn yet")
+            self.say(reply_report(self.last, self.clock, self.target.sampler.temperature, length, self.eager)
+                     if self.last else "-- no turn yet")
         elif line in ("/help", "/?"):
             self.say(HELP)
         else:

@@ -25,7 +25,10 @@ from pathlib import Path
 from cli.startup import quiet_interrupt
 
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
+    import torch
+
     from cli.batch import run_batch, split_prompts
+    from cli.clock import RoundClock
     from cli.images import load_images, place
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
@@ -34,7 +37,8 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
-    from gemma4.generate import check_prompt, decode, sample_generate
+    from gemma4.generate import decode, sample_generate
+    from gemma4.rows import check_prompt
     from gemma4.tokenizer import BOS_ID
     from mtp import speculative_generate
 
@@ -157,11 +161,12 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     # Every step's shapes once first, so one-time costs are not timed (nor charged to either side of --compare).
     warm_up(target.model, assistant)
     stream = Stream(target.tokenizer, sinks)
+    clock = RoundClock(stream.commit)  # each round's seconds, for the statistics
     start = time.perf_counter()
     try:
         if drafter is not None:
             spec = speculative_generate(model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
-                                        sampler, drafting, on_commit=stream.commit, cache=cache,
+                                        sampler, drafting, on_commit=clock, cache=cache,
                                         prefill_chunk=flags.prefill_chunk, images=pictures)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         else:
@@ -180,7 +185,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     stream.finish()
     result = {"tokens": tokens, "text": stream.text(), "finish_reason": finish_reason,
               "stats": stats_json(stats, tokens, seconds, draft_length if drafter is not None else None,
-                                  compiled.target.eager_steps if compiled else None),
+                                  compiled.target.eager_steps if compiled else None, clock),
               "sampling": {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
                            "seed": sampler.seed, "drafting": drafting}}
     if compiled:
@@ -191,6 +196,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     status = 0
     if compare:
         say(f"running plain {'greedy decoding' if sampler.greedy else 'sampling, same seed,'} for --compare ...")
+        if cache is not None:  # --compile's cache: the loop prefills from its length, so the prompt anew from 0
+            cache.length = torch.tensor([0])
         start = time.perf_counter()
         try:
             plain = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops, cache=cache,

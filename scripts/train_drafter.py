@@ -172,8 +172,9 @@ def unrolled_loss(drafter: Drafter, target: Gemma4Model, seq: torch.Tensor, step
     with torch.no_grad():
         out = target.run(seq)  # teacher-forced over the whole sequence: logits (B, T, V)
     b, t = seq.shape
-    kv = {k: KV(key.float(), value.float(), t) for k, (key, value, _) in out.shared_kv.items()}  # (B, K, T, D) each
-    inputs = drafter.layer_inputs(torch.arange(1, t, device=seq.device), kv, torch.float32)  # queries 1..T-1
+    # (B, K, T, D) each, at positions (1, T) 0..T-1
+    kv = {k: KV(key.float(), value.float(), positions) for k, (key, value, positions) in out.shared_kv.items()}
+    inputs = drafter.layer_inputs(torch.arange(1, t, device=seq.device)[None], kv, torch.float32)  # queries 1..T-1
     tokens = F.pad(seq, (0, steps))  # (B, T+steps): seq[t+j-1] for every query t and step j (pads never count)
     hidden = out.hidden[:, :-1].float()  # (B, T-1, E): h[t-1] for step 1
     head = drafter.model.embed_tokens.weight  # (V, D)

@@ -37,7 +37,7 @@ def attention_check(device: torch.device, small: bool, reps: int, clock: Clock) 
     for d, rows, masked in itertools.product((16, 32) if small else (256, 512), (1, 5), (False, True)):
         q = torch.randn(1, heads, rows, d, device=device, dtype=dtype)  # (B, H, T, D)
         k, v = (torch.randn(1, heads // 2, keys, d, device=device, dtype=dtype) for _ in range(2))  # (B, K, S, D)
-        mask = torch.zeros(rows, keys, device=device, dtype=dtype) if masked else None  # (T, S) additive
+        mask = torch.zeros(1, 1, rows, keys, device=device, dtype=dtype) if masked else None  # (B, 1, T, S) additive
         attend = functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
         case = {name: timed(attend, backend, reps, clock) for name, backend in BACKENDS.items()}
         seconds = {n: t for n, t in case.items() if n != "default" and isinstance(t, float)}

@@ -1,7 +1,7 @@
 """scripts/benchmark.py's batch sections: throughput of batched decoding, and the MoE expert-reuse claim.
 
 - `batch`: tokens/s of plain and speculative decoding of B = 1, 2, 4, 8 prompts as one batch
-  (gemma4/generate.py `decode`, mtp/speculative.py) and of the same prompts run one after another, on the demo pair.
+  (gemma4/generate.py `decode`, mtp/batch.py) and of the same prompts run one after another, on the demo pair.
   The demo pair is bound by the cost of each call into PyTorch, which a batch shares across its rows.
 - `experts`: the Gemma docs say verifying drafts "can require loading additional expert weights; at
   higher batch sizes there is more overlap in activated experts". Counted here: the unique experts
@@ -26,7 +26,7 @@ from gemma4.config_file import text_config_from_dict
 from gemma4.model import Gemma4Model
 from gemma4.weights import target_weight_table
 from mtp import DraftLength, Drafter, speculative_generate
-from mtp.speculative import speculative_generate_batch
+from mtp.batch import speculative_generate_batch
 
 BATCHES = (1, 2, 4, 8)
 # Eight openings of Python source for the demo pair (a model of the standard library's code).

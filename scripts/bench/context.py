@@ -16,7 +16,7 @@
 - `decode`: plain greedy and speculative tokens/s for 32 new tokens after prompts of 1k, 4k and 16k positions,
   on the demo pair with its context raised in a copy of its configs (its weights were trained at 1024
   positions: acceptance is reported beside). The prompt is prefilled once; every timed run reuses its K/V
-  (`reuse=len(prompt) - 1`), so a run times one 1-token prefill and its decoding, not the prompt.
+  (the cache's length set to len(prompt) - 1), so a run times one 1-token prefill and its decoding, not the prompt.
 Bytes are counted in GB = 1e9 bytes.
 """
 
@@ -42,7 +42,8 @@ from gemma4.cache import PREFILL_CHUNK, ring_slack
 from gemma4.extras.memory import cache_bytes
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.config_file import read_json, text_config_from_dict
-from gemma4.generate import decode, prefill
+from gemma4.generate import decode
+from gemma4.rows import prefill
 from mtp import DraftLength, load_drafter, speculative_generate
 
 BF16 = torch.bfloat16
@@ -225,12 +226,17 @@ def decode_section(root: Path, target_dir: Path, assistant_dir: Path, k: int, si
         prefill_s = time.perf_counter() - start
         stats: dict[str, Any] = {}
 
+        def held() -> KVCache:
+            """The cache holding the prompt's first n - 1 ids: the loops prefill from its length."""
+            cache.length = torch.tensor([n - 1])
+            return cache
+
         def spec() -> list[int]:
-            result = speculative_generate(target, drafter, prompt, tokens, DraftLength(k), cache=cache, reuse=n - 1)
+            result = speculative_generate(target, drafter, prompt, tokens, DraftLength(k), cache=held())
             stats["acceptance_rate"] = result.stats.acceptance_rate
             return result.tokens
 
-        runs = {"plain": lambda: decode(target, [prompt], tokens, cache=cache, reuse=n - 1)[0].tokens,
+        runs = {"plain": lambda: decode(target, [prompt], tokens, cache=held())[0].tokens,
                 "spec": spec}  # each run: prompt[n-1] prefilled over the K/V of the rest, then `tokens` decoded
         seconds, outputs = interleaved(runs, reps, warm_up=runs)
         speed = {name: [tokens / s for s in secs] for name, secs in seconds.items()}

@@ -228,10 +228,10 @@ class AlwaysRight:
     def __init__(self, drafter: Any, sequence: list[int]) -> None:
         self.drafter, self.config, self.sequence = drafter, drafter.config, sequence  # prompt + plain continuation
 
-    def propose(self, target: Any, tokens: list[int], hidden: torch.Tensor, t: list[int], shared_kv: Any, k: int,
-                samplers: Any = None) -> tuple[torch.Tensor, None]:
-        drafts, _ = self.drafter.propose(target, tokens, hidden, t, shared_kv, k)  # (B, k), the cost of drafting
-        right = [self.sequence[p + 1:p + 1 + k] for p in t]  # the tokens at positions t+1..t+k
+    def propose(self, target: Any, tokens: list[int], hidden: torch.Tensor, positions: list[int], shared_kv: Any,
+                k: int, samplers: Any = None) -> tuple[torch.Tensor, None]:
+        drafts, _ = self.drafter.propose(target, tokens, hidden, positions, shared_kv, k)  # (B, k), the cost
+        right = [self.sequence[p + 1:p + 1 + k] for p in positions]  # the tokens at positions n+1..n+k
         right = [r + [0] * (k - len(r)) for r in right]  # past the known run: anything (the budget ends first)
         return torch.tensor(right, device=drafts.device), None
 
@@ -284,8 +284,8 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
     def decode() -> dict[str, Any]:
         target, _ = pair(BF16)
         cache, _ = prefilled(target, prompt, 1)
-        ids = torch.tensor([prompt[-1:]])  # (1, 1) host ids, as the loops pass them
-        step = torch.inference_mode()(lambda: target.run(ids, cache, len(prompt)))
+        ids, at = torch.tensor([prompt[-1:]]), torch.tensor([len(prompt)])  # (1, 1), (1,) on the host, as the loops'
+        step = torch.inference_mode()(lambda: target.run(ids, cache, at))
         s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
         gen, _ = clock.time(lambda: greedy_generate(target, prompt, tokens))
         step_bytes = decode_bytes(target)
@@ -294,10 +294,11 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         return {"bytes_per_step": step_bytes, "bound_tokens_per_s": bound,
                 "eager": {"step_tokens_per_s": step_tps, "generate_tokens_per_s": gen_tps,
                           "fraction_step": bound and step_tps / bound, "fraction_generate": bound and gen_tps / bound},
-                "compiled": compiled(target, cache, ids, step) if compile_step else
+                "compiled": compiled(target, cache, ids, at, step) if compile_step else
                 {"step_tokens_per_s": None, "reason": "no --compile yet (--device-compile tries torch.compile)"}}
 
-    def compiled(target: Any, cache: Any, ids: torch.Tensor, eager: Callable[[], Any]) -> dict[str, Any]:
+    def compiled(target: Any, cache: Any, ids: torch.Tensor, at: torch.Tensor, eager: Callable[[], Any]
+                 ) -> dict[str, Any]:
         """`--compile`'s decode step (a static cache, CUDA graphs on CUDA) at the same position; fails soft."""
         try:
             start = time.perf_counter()
@@ -308,9 +309,9 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
             static.warm_up(slots)
             warm_up = time.perf_counter() - start
             with torch.inference_mode():
-                static.run(torch.tensor([prompt]), slots, 0, num_logits=1)
-            slots.length = len(prompt)
-            step = torch.inference_mode()(lambda: static.run(ids, slots, len(prompt)))  # eager's step, compiled
+                static.run(torch.tensor([prompt]), slots, num_logits=1)
+            slots.length = torch.tensor([len(prompt)])
+            step = torch.inference_mode()(lambda: static.run(ids, slots, at))  # eager's step, compiled
             diff = float((step().logits.float() - eager().logits.float()).abs().max())
             s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
             return {"step_tokens_per_s": 1 / sorted(s["step"])[len(s["step"]) // 2], "max_abs_logit_diff": diff,
@@ -374,8 +375,9 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         target, drafter = pair(BF16)
         layers = [layer for layer in target.layers if layer.moe]
         cache, _ = prefilled(target, prompt, K + 1)
+        at = torch.tensor([len(prompt)])  # (1,) on the host
         runs = {rows: torch.inference_mode()(lambda rows=rows: target.run(torch.tensor([prompt[-1:] * rows]), cache,
-                                                                          len(prompt))) for rows in (1, K + 1)}
+                                                                          at)) for rows in (1, K + 1)}
         result: dict[str, Any] = {"k": K}
         for way in ("gathered", "loop"):
             for layer in layers:

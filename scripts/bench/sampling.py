@@ -5,8 +5,9 @@
   ms per row of `gemma4.sampling.sample` ("fast": `candidates` warps only the k largest logits when top-k is
   set), and of the rule on the whole row (`reference_sample`: `warp_row` sorts and soft-maxes the whole row,
   then the keyed noise of every token), with reference / fast, and whether both drew the same tokens (they
-  must); and `sample` with every row kept whole (`whole`: FREE_READS off, as the speed layer samples on a GPU),
-  with whether it drew the same tokens (the same probabilities to float32 rounding: almost always).
+  must); and `sample` with every row kept whole (`whole`: `gemma4.fast.sampling.WHOLE_ROWS`, the rule the speed
+  layer gives a model on a GPU), with whether it drew the same tokens (the same probabilities to float32
+  rounding: almost always).
 - `decode`: a random pair at E2B's dimensions in bfloat16 (scripts/bench/random_pair.py; the vocabulary
   is `--sampling-vocab`, the real 262,144 by default, whose pair is the bf16 section's). Tokens/s of
   plain decoding, greedy against sampled (T 1, top-k 64, top-p 0.95); and speculative decoding with
@@ -23,7 +24,8 @@ from typing import Any
 import torch
 
 from bench.random_pair import random_prompt, write_pair
-from gemma4 import greedy_generate, load_target, sample_generate, sampling
+from gemma4 import greedy_generate, load_target, sample_generate
+from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.sampling import TOKEN_STREAM, SamplerConfig, exponential_noise, sample, warp_row
 from mtp import DraftLength, load_drafter, speculative_generate
 
@@ -47,15 +49,6 @@ def reference_sample(logits: torch.Tensor, cfg: SamplerConfig, position: int) ->
     return int((probs.double() / exponential_noise(cfg.seed, TOKEN_STREAM, position, ids)).argmax())
 
 
-def rows_whole(run: Callable[[], Any]) -> Any:
-    """run() with `gemma4.sampling.FREE_READS` off: every row kept whole, as the speed layer samples on a GPU."""
-    saved, sampling.FREE_READS = sampling.FREE_READS, False
-    try:
-        return run()
-    finally:
-        sampling.FREE_READS = saved
-
-
 # ---------------------------------------------------------------- the section
 
 
@@ -67,8 +60,8 @@ def row_costs(reps: int, interleaved: Interleaved, device: str = "cpu") -> dict[
             cfg = SamplerConfig(1.0, top_k, top_p)
             runs = {"fast": lambda cfg=cfg: [sample(logits, cfg, TOKEN_STREAM, [n])
                                              for n in range(CALLS)],
-                    "whole": lambda cfg=cfg: rows_whole(lambda: [sample(logits, cfg, TOKEN_STREAM, [n])
-                                                                 for n in range(CALLS)]),
+                    "whole": lambda cfg=cfg: [WHOLE_ROWS.sample(logits, cfg, TOKEN_STREAM, [n])
+                                              for n in range(CALLS)],
                     "reference": lambda cfg=cfg: [reference_sample(logits, cfg, n) for n in range(CALLS)]}
             s, outputs = interleaved(runs, reps, runs)
             out[f"V={v}, {name}"] = {

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from cli.clock import RoundClock
 from gemma4 import greedy_generate, load_target
 from mtp import DraftLength, load_drafter, speculative_generate
 
@@ -47,18 +48,19 @@ def schedule_section(target_dir: Path, assistant_dir: Path, random_dir: Path, pr
             assistant_dir, random_dir)))):
         lengths = {f"K={n}": DraftLength(n) for n in CONSTANT}
         lengths |= {"heuristic": DraftLength(k, "heuristic"), "auto": DraftLength(k, "auto", max_k=max(8, k))}
-        last: dict[str, Any] = {}
+        last: dict[str, Any] = {}  # name -> its last run's result and clock
 
         def spec(name: str) -> list[int]:
-            last[name] = speculative_generate(target, drafter, prompt, tokens, lengths[name])
-            return last[name].tokens
+            clock = RoundClock()  # every schedule's rounds timed alike: one clock read a round
+            last[name] = speculative_generate(target, drafter, prompt, tokens, lengths[name], on_commit=clock), clock
+            return last[name][0].tokens
 
         runs = {"plain": lambda: greedy_generate(target, prompt, tokens)}
         runs |= {name: lambda name=name: spec(name) for name in lengths}
         seconds, outputs = interleaved(runs, reps, warm_up=runs)
         rate = {name: tokens / statistics.median(s) for name, s in seconds.items()}
         best = max((f"K={n}" for n in CONSTANT), key=rate.get)
-        auto = last["auto"].stats
+        auto, auto_clock = last["auto"][0].stats, last["auto"][1]
         out[pair] = {
             "tokens_per_s": rate,
             "identical": all(o == outputs["plain"][0] for runs_ in outputs.values() for o in runs_),
@@ -66,7 +68,7 @@ def schedule_section(target_dir: Path, assistant_dir: Path, random_dir: Path, pr
             "auto_over_best_constant": rate["auto"] / rate[best],
             "auto_over_plain": rate["auto"] / rate["plain"],
             "auto_k_histogram": {str(n): c for n, c in auto.k_histogram.items()},
-            "auto_seconds_at_k0": auto.seconds_at_zero,
+            "auto_seconds_at_k0": auto_clock.at_zero(auto),
             "auto_estimates": lengths["auto"].estimates(),
         }
     return out

@@ -91,8 +91,8 @@ def prefilled(target: Gemma4Model, prompt: list[int], room: int) -> tuple[KVCach
     device = device_of(target)
     cache = KVCache(target.config, len(prompt) + room, dtype=target.embed_tokens.weight.dtype, device=device)
     with torch.inference_mode():
-        out = target.run(torch.tensor([prompt]), cache, 0, num_logits=1)
-    cache.length = len(prompt)  # every timed forward writes at len(prompt).. and leaves the length there
+        out = target.run(torch.tensor([prompt]), cache, num_logits=1)
+    cache.length = torch.tensor([len(prompt)])  # every timed forward writes at len(prompt).. and leaves it there
     return cache, out
 
 
@@ -100,7 +100,8 @@ def our_decode_step(target: Gemma4Model, prompt: list[int]) -> Callable[[], Any]
     """The prompt prefilled into a new cache, and the cached 1-token forward that follows it, as every
     step of greedy_generate runs it."""
     cache, _ = prefilled(target, prompt, 1)
-    return torch.inference_mode()(lambda: target.run(torch.tensor([prompt[-1:]]), cache, len(prompt)))
+    ids, at = torch.tensor([prompt[-1:]]), torch.tensor([len(prompt)])  # (1, 1), (1,) on the host, as the loop's
+    return torch.inference_mode()(lambda: target.run(ids, cache, at))
 
 
 def draft_step_calls(target: Gemma4Model, drafter: Drafter, prompt: list[int]) -> float:

@@ -14,6 +14,7 @@
   row's tokens equal its run alone) and `speedup` (sequential seconds / batch seconds).
 """
 
+import copy
 import dataclasses
 import sys
 import time
@@ -21,15 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cli.clock import RoundClock
 from cli.options import UsageError
-from gemma4.generate import decode
-from gemma4.generate import sample_generate
+from gemma4.generate import decode, requests, sample_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import Drafter, speculative_generate
-from mtp.speculative import speculative_generate_batch
 from mtp.schedule import DraftLength
+from mtp.speculative import speculative_rows
 
 
 SEPARATOR = "---"  # a line holding only this separates prompts that span lines
@@ -98,11 +99,15 @@ def run_batch(
     """Decode the rows as one batch; returns the --json object, and otherwise the rows' text (stdout)
     and the totals (stderr). --show-drafts with several prompts is refused before (scripts/generate.py)."""
     samplers = [dataclasses.replace(sampler, seed=sampler.seed + i) for i in range(len(rows))]  # row i: seed + i
+    clocks = [RoundClock() for _ in rows]  # row i's rounds' seconds
 
     def batch() -> list[tuple[list[int], Any, str]]:
         if drafter is not None:
-            out = speculative_generate_batch(model, drafter, rows, max_new_tokens, draft_length, stops, samplers,
-                                             drafting, prefill_chunk)
+            # mtp/batch.py's speculative_generate_batch with each row's clock: every row from a copy of the schedule
+            draft_length.start_call()
+            schedules = [copy.deepcopy(draft_length) for _ in rows]
+            out = speculative_rows(model, drafter, requests(rows, max_new_tokens, stops, samplers, schedules), drafting,
+                                   lambda b, tokens, flags: clocks[b](tokens, flags), prefill_chunk=prefill_chunk)
             return [(r.tokens, r.stats, r.finish_reason) for r in out]
         return [(row.tokens, None, row.finish_reason)
                 for row in decode(model, rows, max_new_tokens, samplers, stops, prefill_chunk=prefill_chunk)]
@@ -119,7 +124,8 @@ def run_batch(
     seconds = time.perf_counter() - start
     text = (lambda tokens: None) if tokenizer is None else (lambda tokens: tokenizer.decode(tokens, skip_special_tokens=True))
     out_rows = [{"tokens": tokens, "text": text(tokens), "finish_reason": reason,
-                 "stats": row_stats(stats, tokens, seconds), "sampling": sampling_json(samplers[i].seed)}
+                 "stats": row_stats(stats, tokens, seconds, clock=clocks[i]),
+                 "sampling": sampling_json(samplers[i].seed)}
                 for i, (tokens, stats, reason) in enumerate(results)]
     new = sum(len(tokens) for tokens, _, _ in results)
     drafted = sum(r["stats"]["drafted"] for r in out_rows)

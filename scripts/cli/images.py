@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from gemma4.generate import PromptError
+from gemma4.rows import PromptError
 from gemma4.vision.loading import Vision, load_vision
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES
 from gemma4.vision.prompt import PromptImages

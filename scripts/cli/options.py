@@ -37,8 +37,8 @@ from gemma4.extras.memory import cache_bytes
 from gemma4.config import ConfigError
 from gemma4.config_file import read_json
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
-from gemma4.generate import PromptError
 from gemma4.model import Gemma4Model
+from gemma4.rows import PromptError
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES
@@ -421,9 +421,9 @@ def warm_up(model: Gemma4Model, assistant: Assistant | None) -> None:
     w = model.embed_tokens.weight
     cache = KVCache(model.config, max(rows), dtype=w.dtype, device=w.device, slack=ring_slack(max(rows)))
     for t in rows:
-        out = model.run(torch.full((1, t), BOS_ID), cache, 0)
+        out = model.run(torch.full((1, t), BOS_ID), cache)
     if assistant is not None:
-        cache.length = max(rows)
+        cache.length = torch.tensor([max(rows)])
         assistant.drafter.propose(model, [BOS_ID], out.hidden[:, -1], [max(rows)], target_kv(cache, model, max(rows)),
                                   1)
 

@@ -1,15 +1,20 @@
 """The statistics of a run, as scripts/generate.py and scripts/chat.py print them: the `stats` object
 of `--json` and the block of text on stderr (and chat's `/stats`)."""
 
+from cli.clock import RoundClock
 from mtp import SpecStats
 from mtp.schedule import DraftLength
 
 
 def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
-               draft_length: DraftLength | None = None, eager_rounds: int | None = None) -> dict:
+               draft_length: DraftLength | None = None, eager_rounds: int | None = None,
+               clock: RoundClock | None = None) -> dict:
     """The `stats` object; plain decoding runs one target forward per token and drafts nothing. With the
     schedule, what it learned (`auto`: its estimates of acceptance and of a round's seconds). `eager_rounds`
-    (--compile): the rounds (plain decoding: the tokens) whose step ran uncompiled; None without --compile."""
+    (--compile): the rounds (plain decoding: the tokens) whose step ran uncompiled; None without --compile.
+    `clock`: the speculative run's, passed as its on_commit: each round's seconds (the statistics keep none)."""
+    if stats and clock is None:
+        raise ValueError("a speculative run's statistics need its RoundClock for the rounds' seconds")
     forwards = stats.target_forwards if stats else len(tokens)
     out = {
         "target_forwards": forwards,
@@ -19,10 +24,10 @@ def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
         "tokens_per_forward": len(tokens) / forwards if forwards else 0.0,
         "seconds": seconds,
         "tokens_per_second": len(tokens) / seconds if seconds else 0.0,
-        "rounds": [{"drafted": r.drafted, "accepted": r.accepted, "seconds": r.seconds} for r in stats.rounds]
-        if stats else [],
+        "rounds": [{"drafted": r.drafted, "accepted": r.accepted, "seconds": s}
+                   for r, s in zip(stats.rounds, clock.seconds(), strict=True)] if stats else [],
         "draft_lengths": {str(k): n for k, n in stats.k_histogram.items()} if stats else {},
-        "seconds_at_k0": stats.seconds_at_zero if stats else 0.0,
+        "seconds_at_k0": clock.at_zero(stats) if stats else 0.0,
         "eager_rounds": eager_rounds,
     }
     if draft_length is not None:
