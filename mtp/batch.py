@@ -2,7 +2,7 @@
 runs any number of rows (mtp/speculative.py `speculative_rows`, mtp/README.md §12)."""
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gemma4.generate import requests
@@ -21,11 +21,12 @@ def speculative_generate_batch(
     target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
     draft_length: DraftLength, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
     samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax", prefill_chunk: int | None = None,
-    images: "Media | None" = None,
+    images: "Media | None" = None, on_commit: Callable[[int, list[int], list[bool]], None] | None = None,
 ) -> list[SpecResult]:
     """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and `drafting`).
-    Every row starts from a copy of draft_length and adapts it on its own rounds; draft_length is left as it is."""
+    Every row starts from a copy of draft_length and adapts it on its own rounds; draft_length is left as it is.
+    `on_commit(b, tokens, from_drafter flags)` sees each row's committed blocks."""
     draft_length.start_call()
     schedules = [copy.deepcopy(draft_length) for _ in prompts]  # `auto`'s estimates included
     rows = requests(prompts, max_new_tokens, stop_ids, samplers, schedules)
-    return speculative_rows(target, drafter, rows, drafting, prefill_chunk=prefill_chunk, media=images)
+    return speculative_rows(target, drafter, rows, drafting, on_commit, prefill_chunk=prefill_chunk, media=images)

@@ -14,7 +14,6 @@
   row's tokens equal its run alone) and `speedup` (sequential seconds / batch seconds).
 """
 
-import copy
 import dataclasses
 import sys
 import time
@@ -24,13 +23,13 @@ from typing import Any
 
 from cli.clock import RoundClock
 from cli.options import UsageError
-from gemma4.generate import decode, requests, sample_generate
+from gemma4.generate import decode, sample_generate
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import Drafter, speculative_generate
 from mtp.schedule import DraftLength
-from mtp.speculative import speculative_rows
+from mtp.batch import speculative_generate_batch
 
 
 SEPARATOR = "---"  # a line holding only this separates prompts that span lines
@@ -103,11 +102,9 @@ def run_batch(
 
     def batch() -> list[tuple[list[int], Any, str]]:
         if drafter is not None:
-            # mtp/batch.py's speculative_generate_batch with each row's clock: every row from a copy of the schedule
-            draft_length.start_call()
-            schedules = [copy.deepcopy(draft_length) for _ in rows]
-            out = speculative_rows(model, drafter, requests(rows, max_new_tokens, stops, samplers, schedules), drafting,
-                                   lambda b, tokens, flags: clocks[b](tokens, flags), prefill_chunk=prefill_chunk)
+            out = speculative_generate_batch(model, drafter, rows, max_new_tokens, draft_length, stops, samplers,
+                                             drafting, prefill_chunk,
+                                             on_commit=lambda b, tokens, flags: clocks[b](tokens, flags))
             return [(r.tokens, r.stats, r.finish_reason) for r in out]
         return [(row.tokens, None, row.finish_reason)
                 for row in decode(model, rows, max_new_tokens, samplers, stops, prefill_chunk=prefill_chunk)]

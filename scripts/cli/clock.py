@@ -4,7 +4,7 @@ Why here: the statistics count and keep no clock (mtp/stats.py), yet generate.py
 each round's seconds (`rounds[].seconds`) and the time spent in rounds that drafted nothing (`seconds_at_k0`).
 The loops call `on_commit` once right after the prefill's first token and once per round, after the round's
 verify and accept (in a batch: once per row still going). A clock read at each call therefore splits the run into
-its rounds: round i ran from the previous call to its own, as the statistics' own clock measured them before.
+its rounds: round i runs from the previous call to its own.
 """
 
 import time
@@ -24,8 +24,7 @@ class RoundClock:
         self.times: list[float] = []  # (rounds + 1,): one read per call, the first token's first
 
     def __call__(self, tokens: list[int], from_drafter: list[bool]) -> None:
-        # Read before the caller's callback: what it does (printing the text) counts in the next round, as it did
-        # when the statistics read their clock before the loop called on_commit.
+        # Read before the caller's callback: what it does (printing the text) counts in the next round.
         self.times.append(time.perf_counter())
         if self.on_commit is not None:
             self.on_commit(tokens, from_drafter)
