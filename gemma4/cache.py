@@ -33,7 +33,7 @@ def ring_slack(prefill_chunk: int) -> int:
 
 class Slots(NamedTuple):
     """Where one forward writes and which keys its layers read: made once per forward by `KVCache.claim`."""
-    rows: torch.Tensor  # (B, 1): the row index of every write
+    batch_index: torch.Tensor  # (B, 1): the batch row of every write
     positions: torch.Tensor  # (B, T): the absolute positions written
     ring: torch.Tensor  # (B, T): their slots in a sliding layer's ring
     end: int  # max_b start_b + T: full layers read positions 0..end-1 of every row
@@ -87,17 +87,17 @@ class KVCache:
             raise ValueError(f"KV cache holds {self.capacity} positions; position {end - 1} does not fit")
         device = self.slot_positions.device
         positions = (start[:, None] + torch.arange(t)).to(device, non_blocking=True)  # (B, T), the host need not wait
-        rows, ring = torch.arange(len(start), device=device)[:, None], positions % self.ring  # (B, 1), (B, T)
-        self.slot_positions[rows, ring] = positions
+        index, ring = torch.arange(len(start), device=device)[:, None], positions % self.ring  # (B, 1), (B, T)
+        self.slot_positions[index, ring] = positions
         full = torch.arange(end, device=device)[None]  # (1, S): positions 0..end-1, the same for every row
-        return Slots(rows, positions, ring, end, {FULL: full, SLIDING: self.slot_positions[:, :min(end, self.ring)]})
+        return Slots(index, positions, ring, end, {FULL: full, SLIDING: self.slot_positions[:, :min(end, self.ring)]})
 
     def write(self, layer: int, slots: Slots, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at the claimed slots; return views of every slot the layer reads (B, K, S, D)."""
         where = slots.ring if self.kinds[layer] == SLIDING else slots.positions  # (B, T)
-        # Advanced indices [rows, :, where] address (B, T, K, D): every row at its own slots.
-        self.keys[layer][slots.rows, :, where] = k.transpose(1, 2)
-        self.values[layer][slots.rows, :, where] = v.transpose(1, 2)
+        # Advanced indices [batch row, :, where] address (B, T, K, D): every row at its own slots.
+        self.keys[layer][slots.batch_index, :, where] = k.transpose(1, 2)
+        self.values[layer][slots.batch_index, :, where] = v.transpose(1, 2)
         return self.read(layer, slots.end)[:2]
 
     def read(self, layer: int, end: int) -> KV:
@@ -107,11 +107,11 @@ class KVCache:
         positions = self.slot_positions[:, :n] if sliding else torch.arange(n, device=self.slot_positions.device)[None]
         return KV(self.keys[layer][:, :, :n], self.values[layer][:, :, :n], positions)  # (B, K, n, D), (B or 1, n)
 
-    def keep(self, rows: list[int]) -> None:
-        """Keep only these rows, in this order: finished rows leave the batch (a copy per finish, not per step)."""
-        index = torch.tensor(rows, device=self.slot_positions.device)
+    def keep(self, kept: list[int]) -> None:
+        """Keep only these batch rows, in this order: finished rows leave (a copy per finish, not per step)."""
+        index = torch.tensor(kept, device=self.slot_positions.device)
         for layer in self.keys:
             self.keys[layer] = self.keys[layer][index]  # (B', K, S_alloc, D)
             self.values[layer] = self.values[layer][index]
         self.slot_positions = self.slot_positions[index]  # (B', R)
-        self.length = self.length[rows]
+        self.length = self.length[kept]

@@ -133,8 +133,8 @@ def speculative_rows(
 
         # 6. Roll back: positions n_b..n_b+a_b hold committed tokens' K/V; the rest is stale.
         cache.length = cache.length + torch.tensor(accepted) + 1
-        rows_kept = torch.tensor(accepted).to(hidden.device, non_blocking=True)  # (B,) the verify row of n'_b - 1
-        hidden = out.hidden[torch.arange(len(going), device=hidden.device), rows_kept]  # (B, E) h[n'_b-1]
+        column = torch.tensor(accepted).to(hidden.device, non_blocking=True)  # (B,) the verify column of n'_b - 1
+        hidden = out.hidden[torch.arange(len(going), device=hidden.device), column]  # (B, E) h[n'_b-1]
 
 
 def target_kv(cache: KVCache, model: Gemma4Model, end: int) -> dict[str, KV]:
