@@ -266,6 +266,7 @@ class Gemma4Model(nn.Module):
         self.norm = RMSNorm(e, config.rms_norm_eps)
         self.head = TiedHead()
         self.sampling = TEXTBOOK  # how its logits are drawn; the speed layer may give a model its own (sampling.py)
+        self.media_ids = torch.tensor(config.media_token_ids, dtype=torch.long, device="cpu")  # host, as the ids
         if config.ple_dim:
             vp, lp = config.ple_vocab_size, config.num_layers * config.ple_dim
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))
@@ -306,8 +307,9 @@ class Gemma4Model(nn.Module):
         (0: none, a ragged batch takes each row's own). `soft`: vectors in place of some embeddings (§19)."""
         c = self.config
         b, t = input_ids.shape
-        if soft is not None:  # a soft token's PLE rows are the pad token's (id 0), its embedding the given vector
-            input_ids = input_ids.masked_fill(soft.where.cpu(), 0)
+        # Media ids (a prompt's soft tokens, or one the model generated) embed as the pad token (id 0), PLE rows too,
+        # as transformers does; a soft token's embedding is then replaced by its given vector.
+        input_ids = input_ids.masked_fill(torch.isin(input_ids, self.media_ids.to(input_ids.device)), 0)
         # The loops pass host ids; non_blocking: the upload need not wait for the device's queue to drain.
         x = self.embed(input_ids.to(self.embed_tokens.weight.device, non_blocking=True))  # (B, T, E)
         tok = self.per_layer_rows(input_ids, x) if c.ple_dim else None  # (B, T, L*P)

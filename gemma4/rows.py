@@ -67,15 +67,16 @@ def check_rows(model: Gemma4Model, rows: Sequence[Request], media: "Media | None
         check_prompt(model, row.prompt if media is None else media.text_ids(b, row.prompt), row.max_new_tokens)
 
 
-def new_cache(model: Gemma4Model, rows: Sequence[Request], chunk: int | None, pads: int = 0,
-              media: "Media | None" = None) -> KVCache:
-    """A cache for every row's prompt + budget (within the context) and `pads` more positions, its sliding layers'
-    slack fitting the prefill chunks (a chunk holds a whole both-ways span where `media` has one)."""
+def new_cache(model: Gemma4Model, rows: Sequence[Request], chunk: int | None, media: "Media | None" = None,
+              verify: bool = False) -> KVCache:
+    """A cache for every row's prompt + budget (within the context), its sliding layers' slack fitting the prefill
+    chunks (a chunk holds a whole both-ways span where `media` has one). `verify`, several rows: room for a verify's
+    pads past a row's last position, at most the slack (K + 1 rows) and the budget."""
     w, context = model.embed_tokens.weight, model.config.max_position_embeddings
     longest = max(min(len(r.prompt) + r.max_new_tokens, context) for r in rows)
-    chunk = max(PREFILL_CHUNK if chunk is None else chunk, media.longest if media else 0)
-    return KVCache(model.config, longest + pads, batch=len(rows), dtype=w.dtype, device=w.device,
-                   slack=ring_slack(chunk))
+    slack = ring_slack(max(PREFILL_CHUNK if chunk is None else chunk, media.longest if media else 0))
+    pads = min(max(r.max_new_tokens for r in rows), slack) if verify and len(rows) > 1 else 0
+    return KVCache(model.config, longest + pads, batch=len(rows), dtype=w.dtype, device=w.device, slack=slack)
 
 
 def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], chunk: int | None = None,

@@ -108,13 +108,11 @@ class Sampling:
         return torch.cat(tokens).tolist()  # (1,) each until this read
 
     def draws(self, logits: torch.Tensor, cfg: SamplerConfig, stream: int, positions: list[int]) -> Iterator[int]:
-        """`sample`'s tokens one at a time, each drawn when it is asked for: a verify whose drafts part from the
-        target's tokens early draws none of the rows after (mtp/accept.py)."""
+        """`sample`'s tokens one at a time, each drawn when asked for: no row past a verify's first mismatch."""
         return (self.sample(logits[i:i + 1], cfg, stream, [n])[0] for i, n in enumerate(positions))
 
     def keyed_sample(self, probs: torch.Tensor, seed: int, stream: int, positions: list[int]) -> torch.Tensor:
-        """probs (N, V), row i the distribution of the token at positions[i] -> (N,) tokens on the device, not read:
-        each argmax p / E over the tokens with p > 0. The same token `sample` draws from warped logits."""
+        """probs (N, V), row i the token at positions[i]'s -> (N,) tokens, not read: `sample`'s draws from warped p."""
         ids = [self.support(row) for row in probs]  # (M_i,) each
         return torch.cat([keyed_choice(i, row[i], seed, stream, n) for i, row, n in zip(ids, probs, positions)])
 

@@ -22,6 +22,8 @@ Facts a reader must know (gemma4/README.md §17):
 """
 
 import json
+import socket
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -113,16 +115,34 @@ IMAGE_FILES = ("processor_config.json", "preprocessor_config.json")
 IMAGE_PREFIXES = ("model.vision_tower.", "model.vision_embedder.", "model.embed_vision.")
 
 
+def hub_reachable(endpoint: str, seconds: float = 5.0) -> bool:
+    """Whether the Hub's host takes a connection within `seconds`. Without a network the Hub client retries each
+    file for about 25 s before it fails; asked first, an offline run uses the cache alone and fails at once."""
+    url = urllib.parse.urlsplit(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=seconds).close()
+        return True
+    except OSError:
+        return False
+
+
 def _download(repo_id: str, images: bool = False) -> Path:
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    offline = constants.HF_HUB_OFFLINE or not hub_reachable(constants.ENDPOINT)  # then the Hub cache alone
 
     def fetch(name: str, required: bool = True) -> Path | None:
         try:
-            return Path(hf_hub_download(repo_id, name))
+            return Path(hf_hub_download(repo_id, name, local_files_only=offline))
         except Exception as e:  # noqa: BLE001 (whatever the Hub client raises becomes one line)
             if not required:
                 return None
+            if offline:
+                raise CheckpointError(
+                    f"{repo_id} is not on this machine ({name} is not in the Hugging Face cache) and the Hub cannot "
+                    f"be reached: download it where there is a network (hf download {repo_id} --local-dir DIR) and "
+                    f"pass that directory in place of the id") from None
             if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
                 raise CheckpointError(f"Hub repo {repo_id} has no {name}") from None
             if isinstance(e, RepositoryNotFoundError):

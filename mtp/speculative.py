@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gemma4.cache import KV, PREFILL_CHUNK, KVCache, ring_slack
+from gemma4.cache import KV, KVCache
 from gemma4.config import FULL, SLIDING
 from gemma4.rows import PAD, Request, check_rows, choose, finish_reason, new_cache, prefill
 from gemma4.model import Gemma4Model
@@ -66,9 +66,8 @@ def speculative_rows(
     check_rows(target, rows, media)
     samplers = [check_sampling(r.sampler, drafting) for r in rows]
     context, rule = target.config.max_position_embeddings, target.sampling
-    if cache is None:  # several rows: room for a verify's pads past a row's last position, fewer than the slack
-        pads = min(max(r.max_new_tokens for r in rows), ring_slack(prefill_chunk or PREFILL_CHUNK))
-        cache = new_cache(target, rows, prefill_chunk, pads if len(rows) > 1 else 0, media)
+    if cache is None:  # several rows: room for a verify's pads past a row's last position
+        cache = new_cache(target, rows, prefill_chunk, media, verify=True)
 
     # 0. Prefill: one forward over each prompt (past a prefix the cache holds) commits its first token. The drafter
     #    needs nothing for a held prefix: it keeps no cache, and reads the target's K/V and the hidden of the

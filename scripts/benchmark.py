@@ -279,11 +279,19 @@ def assistant_k(assistant_dir: Path) -> int:
     return int(read_json(file).get("num_assistant_tokens", 4)) if file.is_file() else 4
 
 
+class Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in --help, where it has one worth saying: not None, not a list the help already gives."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.dest == "only":
+            return action.help
+        return super()._get_help_string(action)
+
+
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections, of: %(default)s; and "
-                   f"{', '.join(ON_REQUEST)}, run only when named")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Defaults)
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections, of: {', '.join(SECTIONS)} "
+                   f"(all of them by default); and {', '.join(ON_REQUEST)}, run only when named")
     p.add_argument("--target", type=Path, default=DEMO / "target", help="the demo section's target")
     p.add_argument("--assistant", type=Path, default=DEMO / "assistant", help="the demo section's assistant")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per run: demo, bench, batch")

@@ -37,7 +37,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
         UsageError, add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
-        load_target_from, refuse, sampling_line, warm_up,
+        load_target_from, refuse, sampling_line, warm_up, draft_room, cut_drafts_note,
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
@@ -253,11 +253,17 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     # The positions the conversation may hold: --context, else the model's; with --compile at most COMPILED_CONTEXT
     # unless asked, as every compiled step reads its static cache whole (gemma4/fast/README.md).
     model_context = target.model.config.max_position_embeddings
+    if context and context > model_context:  # said even with --json, as --max-new-tokens' cut is
+        print(f"note: --context {context} is cut to {model_context}: the model holds {model_context} positions",
+              file=sys.stderr)
     context = min(model_context, context or (COMPILED_CONTEXT if flags.compile else model_context))
     say(chat_line(target, system, think, max_new_tokens, context))
     if flags.compile:  # a static cache holds every position from the start
         check_cache_fits(target.model, context, flags.prefill_chunk)
-    compiled = compile_steps(target, assistant, context, say, flags.prefill_chunk) if flags.compile else None
+    room = draft_room(max_new_tokens, flags.prefill_chunk)  # the most drafts a round of a turn can hold
+    if note := cut_drafts_note(assistant and assistant.draft_length, room, max_new_tokens):
+        print(note, file=sys.stderr)
+    compiled = compile_steps(target, assistant, context, say, flags.prefill_chunk, room) if flags.compile else None
     prompt = not json_output and source.isatty()
     if prompt:
         say(HELP)
@@ -281,7 +287,7 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
         return vision[0].read(path, flags.image_tokens)
 
     session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say, read)
-    warm_up(target.model, assistant)  # every step's shapes once, so one-time costs are not charged to turn 1
+    warm_up(target.model, assistant, room)  # every step's shapes once, so one-time costs are not charged to turn 1
     lines = Lines(source, prompt)
     interrupted = False  # the last thing at the prompt was a Ctrl-C
     while True:

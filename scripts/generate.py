@@ -33,13 +33,13 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
         add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
-        load_target_from, refuse, sampling_line, warm_up,
+        load_target_from, refuse, sampling_line, warm_up, draft_room, cut_drafts_note,
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
     from gemma4.generate import decode, sample_generate
     from gemma4.rows import check_prompt
-    from gemma4.tokenizer import BOS_ID
+    from gemma4.tokenizer import BOI_ID, BOS_ID, THINK_ID, Message
     from mtp import speculative_generate
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
@@ -63,7 +63,8 @@ def shorten(text: str, width: int = 60) -> str:
 
 def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] | None = None, raw: bool = False,
          compare: bool = False, json_output: bool = False, batch: list[str] | list[list[int]] | None = None,
-         demo_target: Path = DEMO_TARGET, images: list[str] | None = None) -> int:
+         demo_target: Path = DEMO_TARGET, images: list[str] | None = None, system: str | None = None,
+         think: bool = False) -> int:
     """Run one generation (or one batch) and print it; returns the exit status (0, or 130 after Ctrl-C)."""
     check_values(flags)
     images = images or []
@@ -93,16 +94,41 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     if flags.compile and batch:
         raise UsageError("--compile runs one prompt (its steps are static-shape graphs of one row): give one prompt, "
                          "or drop --compile for a batch")
-    say = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
+    # Header and note lines are held until every check has passed (the prompt, the budget, the assistant, the
+    # cache's memory): a refusal then comes alone, one line. Notes are said with --json too; headers are not.
+    held: list[tuple[str, bool]] | None = []
+
+    def say(line: str, note: bool = False) -> None:
+        if held is not None:
+            held.append((line, note))
+        elif note or not json_output:
+            print(line, file=sys.stderr)
+
+    def checked() -> None:
+        nonlocal held
+        lines, held = held or [], None
+        for line, note in lines:
+            say(line, note)
 
     # Target, tokenizer and prompt first: a bad prompt fails before the assistant is fetched.
     target, dev, dtype = load_target_from(flags, say, demo_target, raw)  # --raw without a template: refused first
     as_is = raw or not target.chat  # no chat template: the text is continued as it is
+    for flag, given in (("--system", system is not None), ("--think", think)):
+        if given and (as_is or (prompt is None and prompt_ids is not None)):
+            refuse(flag, "the chat template writes it into a user turn, and " + (
+                "--raw sends the text as it is" if raw else "the prompt is --prompt-ids, sent as they are"
+                if prompt is None and prompt_ids is not None else f"{target.name} has no chat template"))
+    if think and target.tokenizer is not None and target.tokenizer.tokenizer.token_to_id("<|think|>") != THINK_ID:
+        refuse("--think", f"{target.dir}/tokenizer.json has no <|think|> token {THINK_ID}")
+
+    def turn(text: str, images: int = 0, boi: int = BOI_ID) -> list[int]:
+        """One user turn, as the template writes it: the system message, thinking, the images first."""
+        return target.tokenizer.render([Message("user", text, images)], system, think, target.empty_thought, boi)
 
     def encode(text: str) -> list[int]:
         if target.tokenizer is None:
             raise UsageError(f"{target.dir} has no tokenizer.json to encode --prompt: add it, or give --prompt-ids")
-        return target.tokenizer.encode_raw(text) if as_is else target.tokenizer.encode_chat(text, target.empty_thought)
+        return target.tokenizer.encode_raw(text) if as_is else turn(text)
 
     if prompt is None and prompt_ids is None:
         prompt = CHAT_PROMPT if target.chat else CODE_PROMPT
@@ -112,16 +138,21 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         vision, vectors = load_images(target.dir, images, flags.image_tokens, dev, dtype, say)
         if prompt_ids is None:  # the images first: a chat turn's (the template's place), else right after <bos>
             prompt_ids = ([BOS_ID] + [vision.tokens.boi] * len(images) + encode(prompt)[1:] if as_is else
-                          target.tokenizer.encode_chat(prompt, target.empty_thought, len(images), vision.tokens.boi))
+                          turn(prompt, len(images), vision.tokens.boi))
         prompt_ids, pictures = place(vision, prompt_ids, vectors, context)
     if prompt_ids is None:
         prompt_ids = encode(prompt)
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
     check_prompt(target.model, pictures.text_ids(0, prompt_ids) if pictures else prompt_ids, max_new_tokens)
-    if len(prompt_ids) + max_new_tokens > context:  # said even with --json: the run is shorter than asked
-        print(f"note: --max-new-tokens {max_new_tokens} is cut to {context - len(prompt_ids)}: the context holds "
-              f"{context} positions and the prompt takes {len(prompt_ids)}", file=sys.stderr)
-        max_new_tokens = context - len(prompt_ids)
+    rows = [prompt_ids] + [encode(p) if isinstance(p, str) else p for p in batch[1:]] if batch else [prompt_ids]
+    for row in rows[1:]:  # every row checked before anything is printed
+        check_prompt(target.model, row, max_new_tokens)
+    budgets = [min(max_new_tokens, context - len(row)) for row in rows]  # each row's own: its prompt and the context
+    for i, (row, budget) in enumerate(zip(rows, budgets)):
+        if budget < max_new_tokens:  # said even with --json: the run is shorter than asked
+            say(f"note: --max-new-tokens {max_new_tokens} is cut to {budget}{f' for row {i}' if batch else ''}: "
+                f"the context holds {context} positions and the prompt takes {len(row)}", note=True)
+    max_new_tokens = budgets[0]
     how = "as given" if prompt is None else "raw" if as_is else "chat template"
     shown = f"{shorten(prompt)}, " if prompt is not None else ""
     with_images = f", {len(images)} image{'s' if len(images) > 1 else ''} included" if images else ""
@@ -131,16 +162,19 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     say(sampling_line(target, assistant))
     drafter = assistant and assistant.drafter
     draft_length = assistant and assistant.draft_length
+    room = draft_room(max(budgets), flags.prefill_chunk)  # the most drafts a round of this run can hold
+    if note := cut_drafts_note(draft_length, room, max(budgets)):  # said even with --json, as the budget's note
+        say(note, note=True)
     drafting = assistant.drafting if assistant else None
     sampler, stops = target.sampler, target.stops
 
     if batch:
         sampling = lambda row_seed: {"temperature": sampler.temperature, "top_k": sampler.top_k,  # noqa: E731
                                      "top_p": sampler.top_p, "seed": row_seed, "drafting": drafting}
-        rows = [encode(p) if isinstance(p, str) else p for p in batch]
-        check_cache_fits(target.model, max(map(len, rows)) + max_new_tokens, flags.prefill_chunk, len(rows))
+        check_cache_fits(target.model, max(len(r) + n for r, n in zip(rows, budgets)), flags.prefill_chunk, len(rows))
+        checked()
         result, text, totals = run_batch(
-            model=target.model, drafter=drafter, draft_length=draft_length, rows=rows, max_new_tokens=max_new_tokens,
+            model=target.model, drafter=drafter, draft_length=draft_length, rows=rows, budgets=budgets,
             stops=stops, sampler=sampler, drafting=drafting or "argmax", tokenizer=target.tokenizer,
             json_output=json_output, compare=compare, row_stats=stats_json,
             sampling_json=sampling, prefill_chunk=flags.prefill_chunk)
@@ -149,9 +183,10 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         return 0
 
     check_cache_fits(target.model, len(prompt_ids) + max_new_tokens, flags.prefill_chunk)  # before any work
+    checked()
     # --compile: the same loops on the compiled static-shape steps and a cache of the prompt and the budget.
     compiled = compile_steps(target, assistant, len(prompt_ids) + max_new_tokens, say,
-                             flags.prefill_chunk) if flags.compile else None
+                             flags.prefill_chunk, room) if flags.compile else None
     model = compiled.target if compiled else target.model
     drafter, cache = (compiled.drafter, compiled.cache) if compiled else (drafter, None)
     sinks = text_sinks(flags.show_drafts, json_output, say)
@@ -159,7 +194,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         say("")
 
     # Every step's shapes once first, so one-time costs are not timed (nor charged to either side of --compare).
-    warm_up(target.model, assistant)
+    warm_up(target.model, assistant, room)
     stream = Stream(target.tokenizer, sinks)
     clock = RoundClock(stream.commit)  # each round's seconds, for the statistics
     start = time.perf_counter()
@@ -250,12 +285,16 @@ def parser() -> Parser:
     source.add_argument("--prompt-ids", metavar="IDS", type=token_ids, action="append",
                         help="exact token ids, e.g. 2,105,2364; nothing is added; several: a row each")
     p.add_argument("--prompts-file", metavar="FILE",
-                   help="text prompts, a row each (after any --prompt): one per line, or, when the file has a line "
-                        "holding only ---, the blocks between such lines (they may span lines); - reads stdin")
+                   help="text prompts (after any --prompt): the whole file is one prompt; when some line holds "
+                        "only ---, the blocks between such lines are a row each; - reads stdin")
     p.add_argument("--image", metavar="PATH", action="append",
                    help="an image for the prompt (PNG, JPEG, WebP, GIF, BMP; needs a multimodal target and "
                         "pip install -e \".[images]\"); several: in order. A chat turn holds them before its text; "
                         "with --prompt-ids one boi id marks each image's place")
+    p.add_argument("--system", metavar="TEXT",
+                   help="a system message before the prompt's user turn (a chat model's template writes it)")
+    p.add_argument("--think", action="store_true",
+                   help="thinking on: the model may think before it answers (the template's <|think|>)")
     p.add_argument("--raw", action="store_true",
                    help="send --prompt to a chat model as it is, after one <bos>, without the chat template")
     p.add_argument("--compare", action="store_true",
@@ -273,7 +312,7 @@ def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
         prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file)
         return main(flags=ModelFlags.parsed(args), prompt=prompt, prompt_ids=prompt_ids, raw=args.raw,
                     compare=args.compare, json_output=args.json_output, batch=batch, demo_target=demo_target,
-                    images=args.image)
+                    images=args.image, system=args.system, think=args.think)
     return guarded(run)
 
 

@@ -266,6 +266,7 @@ class StaticTarget:
             raise ValueError("a static target runs one row of text")
         t, start_pos = input_ids.shape[1], 0 if start_pos is None else int(start_pos[0])
         cache.check(start_pos, t)
+        input_ids = input_ids.masked_fill(torch.isin(input_ids, self.model.media_ids), 0)  # as Gemma4Model.run
         rows = self.model.per_layer_rows(input_ids, self.embed_tokens.weight) if c.ple_dim else None  # host lookup
         args = (*self.upload(input_ids, start_pos), rows, cache)
         if num_logits is None and t in self.compiled_rows:

@@ -102,7 +102,8 @@ def table(result: dict[str, Any]) -> str:
     lines += ["", "== goals (measured in this run; each ratio compares runs taken in turns)"]
     for g in result["goals"]:
         sign = {True: ">= ", False: "<= "}.get(g.get("at_least"), "")  # a goal without a direction: its limit
-        lines.append(f"   {g['goal']:<56}goal {sign}{g['limit']:<6}  {fmt(g['value'], '.3f'):>8}")
+        verdict = {True: "met", False: "not met"}.get(g.get("met"), "not measured" if g["value"] is None else "")
+        lines.append(f"   {g['goal']:<56}goal {sign}{g['limit']:<6}  {fmt(g['value'], '.3f'):>8}  {verdict}")
     return "\n".join(lines)
 
 

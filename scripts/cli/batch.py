@@ -36,9 +36,9 @@ SEPARATOR = "---"  # a line holding only this separates prompts that span lines
 
 
 def read_prompts(path: str) -> list[str]:
-    """The text prompts of a file (`-`: stdin): one per line, or, when some line holds only `---`, the
-    blocks between such lines, each its lines joined by newlines. Blank lines at the end are ignored;
-    an empty prompt anywhere else is a mistake, not a prompt."""
+    """The text prompts of a file (`-`: stdin): the whole file is one prompt, its lines joined by newlines; when
+    some line holds only `---`, the blocks between such lines are one prompt each (a batch is asked for, never
+    guessed from wrapped lines). Blank lines at the end are ignored; an empty prompt is a mistake, not a prompt."""
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -48,14 +48,11 @@ def read_prompts(path: str) -> list[str]:
     blocks_mode = SEPARATOR in (line.strip() for line in lines)
     while lines and lines[-1].strip() in ("", SEPARATOR):  # blank lines and a closing separator at the end
         lines.pop()
-    if not lines:
-        raise UsageError(f"--prompts-file {path} is empty: write one prompt per line")
+    if not "\n".join(lines).strip():
+        raise UsageError(f"--prompts-file {path} is empty: write a prompt, or prompts separated by lines holding "
+                         f"only {SEPARATOR}")
     if not blocks_mode:
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                raise UsageError(f"line {i} of --prompts-file {path} is empty: one prompt per line, or prompts "
-                                 f"that span lines separated by lines holding only {SEPARATOR}")
-        return lines
+        return ["\n".join(lines)]
     blocks, current, first = [], [], 1
     for i, line in enumerate([*lines, SEPARATOR], 1):
         if line.strip() != SEPARATOR:
@@ -79,7 +76,11 @@ def split_prompts(texts: list[str] | None, ids: list[list[int]] | None,
     if file is not None:
         if ids:
             raise UsageError("--prompts-file holds text prompts: give --prompt with it, not --prompt-ids")
-        texts += read_prompts(file)
+        read = read_prompts(file)
+        print(f"note: {len(read)} prompt{'s' if len(read) > 1 else ''} read from {file}"
+              + ("" if len(read) > 1 else f" (the whole file; lines holding only {SEPARATOR} separate prompts)"),
+              file=sys.stderr)
+        texts += read
     rows: list = texts or ids
     if len(rows) > 1:
         for row in rows:
@@ -91,30 +92,30 @@ def split_prompts(texts: list[str] | None, ids: list[list[int]] | None,
 
 def run_batch(
     *, model: Gemma4Model, drafter: Drafter | None, draft_length: DraftLength | None, rows: list[list[int]],
-    max_new_tokens: int, stops: list[int], sampler: SamplerConfig, drafting: str,
+    budgets: list[int], stops: list[int], sampler: SamplerConfig, drafting: str,
     tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool,
     row_stats: Callable[..., dict], sampling_json: Callable[[int], dict], prefill_chunk: int | None = None,
 ) -> tuple[dict, str, str]:
-    """Decode the rows as one batch; returns the --json object, and otherwise the rows' text (stdout)
-    and the totals (stderr). --show-drafts with several prompts is refused before (scripts/generate.py)."""
+    """Decode the rows as one batch, row i with budgets[i] new tokens at most; returns the --json object, and
+    otherwise the rows' text (stdout) and the totals (stderr). --show-drafts with several prompts is refused before (scripts/generate.py)."""
     samplers = [dataclasses.replace(sampler, seed=sampler.seed + i) for i in range(len(rows))]  # row i: seed + i
     clocks = [RoundClock() for _ in rows]  # row i's rounds' seconds
 
     def batch() -> list[tuple[list[int], Any, str]]:
         if drafter is not None:
-            out = speculative_generate_batch(model, drafter, rows, max_new_tokens, draft_length, stops, samplers,
+            out = speculative_generate_batch(model, drafter, rows, budgets, draft_length, stops, samplers,
                                              drafting, prefill_chunk,
                                              on_commit=lambda b, tokens, flags: clocks[b](tokens, flags))
             return [(r.tokens, r.stats, r.finish_reason) for r in out]
         return [(row.tokens, None, row.finish_reason)
-                for row in decode(model, rows, max_new_tokens, samplers, stops, prefill_chunk=prefill_chunk)]
+                for row in decode(model, rows, budgets, samplers, stops, prefill_chunk=prefill_chunk)]
 
     def one_after_another() -> list[list[int]]:
         if drafter is not None:
-            return [speculative_generate(model, drafter, ids, max_new_tokens, draft_length, stops, s, drafting,
-                                         prefill_chunk=prefill_chunk).tokens for ids, s in zip(rows, samplers)]
-        return [sample_generate(model, ids, max_new_tokens, s, stops, prefill_chunk=prefill_chunk)
-                for ids, s in zip(rows, samplers)]
+            return [speculative_generate(model, drafter, ids, n, draft_length, stops, s, drafting,
+                                         prefill_chunk=prefill_chunk).tokens for ids, n, s in zip(rows, budgets, samplers)]
+        return [sample_generate(model, ids, n, s, stops, prefill_chunk=prefill_chunk)
+                for ids, n, s in zip(rows, budgets, samplers)]
 
     start = time.perf_counter()
     results = batch()

@@ -375,22 +375,41 @@ class Compiled:
     seconds: float  # the warm-up: every step compiled (and recorded, on CUDA) before the run
 
 
-def verify_rows(length: DraftLength) -> tuple[int, ...]:
-    """The row counts of every step a schedule may run: 1 (a decode, a K = 0 round) and K + 1 for each K it may
-    choose, the rounds the budget cuts short included. `auto` chooses in 0..max_k; `heuristic` grows without
-    bound, so it gets 1..max(MAX_K, initial) and a round past that runs its step eagerly (`eager_rounds`)."""
-    most = length.max_k if length.schedule == "auto" else (
+def most_drafts(length: DraftLength) -> int:
+    """The most drafts a round of this schedule asks for: `auto` chooses in 0..max_k; `heuristic` grows without
+    bound, so it gets max(MAX_K, initial) and a round past that runs its step eagerly (`eager_rounds`)."""
+    return length.max_k if length.schedule == "auto" else (
         length.initial if length.schedule == "constant" else max(MAX_K, length.initial))
-    return tuple(range(1, most + 2))
+
+
+def draft_room(budget: int, prefill_chunk: int | None) -> int:
+    """The most drafts any round of a run can hold, whatever the schedule asks: the loop drafts within the budget
+    (the first token comes from the prefill, and a round commits one token after its drafts: budget - 2) and within
+    one verify of the cache's slack (slack - 1, mtp/speculative.py step 1)."""
+    return max(0, min(budget - 2, ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk) - 1))
+
+
+def cut_drafts_note(length: DraftLength | None, room: int, budget: int) -> str | None:
+    """The note line for a schedule that asks for more drafts a round than the run can hold, else None."""
+    if length is None or length.initial <= room:
+        return None
+    why = f"--max-new-tokens {budget}" if room == max(0, budget - 2) else "one verify of the prefill chunk's slack"
+    return f"note: {length.initial} drafts a round is cut to {room}: that is the most {why} holds"
+
+
+def verify_rows(length: DraftLength, room: int) -> tuple[int, ...]:
+    """The row counts of every step a schedule may run within `room` drafts (`draft_room`): 1 (a decode, a K = 0
+    round) and K + 1 for each K it may choose, the rounds the budget cuts short included."""
+    return tuple(range(1, min(most_drafts(length), room) + 2))
 
 
 def compile_steps(target: Target, assistant: Assistant | None, capacity: int, say: Callable[[str], None],
-                  prefill_chunk: int | None = None) -> Compiled:
+                  prefill_chunk: int | None = None, room: int = MAX_K) -> Compiled:
     """Wrap the loaded pair, size the static cache to `capacity` positions (its sliding rings to the prefill's
     chunks), compile the steps the run takes: a decode (1 row) and, with an assistant, a verify of every row
-    count its schedule may choose (`verify_rows`) and the draft step, all before the run."""
+    count its schedule may choose within `room` drafts (`verify_rows`) and the draft step, all before the run."""
     model = target.model
-    rows = tuple(t for t in verify_rows(assistant.draft_length) if t <= capacity) if assistant else (1,)
+    rows = tuple(t for t in verify_rows(assistant.draft_length, room) if t <= capacity) if assistant else (1,)
     start = time.perf_counter()
     prepare_to_compile(model, model.embed_tokens.weight, max(rows))  # in place: this run only compiles from here
     static = StaticTarget(model, compiled_rows=rows, context=capacity)  # the loops stop where the cache ends
@@ -413,11 +432,11 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
 
 
 @torch.inference_mode()
-def warm_up(model: Gemma4Model, assistant: Assistant | None) -> None:
+def warm_up(model: Gemma4Model, assistant: Assistant | None, room: int) -> None:
     """One-time costs paid before any clock starts: a forward of every row count the run may take (1, and K + 1 for
-    each K its schedule may choose: kernels and buffers are made per shape on first use) and a draft step, on a
-    scratch cache. Timed runs, and both sides of --compare, then pay for their work alone."""
-    rows = verify_rows(assistant.draft_length) if assistant else (1,)
+    each K its schedule may choose within `room` drafts: kernels and buffers are made per shape on first use) and a
+    draft step, on a scratch cache. Timed runs, and both sides of --compare, then pay for their work alone."""
+    rows = verify_rows(assistant.draft_length, room) if assistant else (1,)
     w = model.embed_tokens.weight
     cache = KVCache(model.config, max(rows), dtype=w.dtype, device=w.device, slack=ring_slack(max(rows)))
     for t in rows:

@@ -187,6 +187,13 @@ def test_a_smaller_context(speculative: bool, pair, capsys: pytest.CaptureFixtur
     assert out[1] == {"error": out[1]["error"]} and f"context holds {context}: /reset" in out[1]["error"]
 
 
+def test_a_context_past_the_models_is_cut_with_a_note(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    flags = model_flags(pair, ["--temperature", "0"])
+    status, _, err = run_chat(capsys, [*flags, "--context", "5000"], ["Hi."])
+    assert status == 0, err
+    assert "note: --context 5000 is cut to 1024: the model holds 1024 positions" in err
+
+
 def test_dimmed_thought(tmp_path: Path) -> None:
     """A thought is dimmed on a colour sink and plain elsewhere; the text is the same."""
     from tests.tokenizer_fixture import write_tokenizer

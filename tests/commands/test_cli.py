@@ -330,6 +330,29 @@ def test_bad_target_checkpoint(
     assert out == ""
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_an_assistant_window_wider_than_the_target_is_refused_at_load(pair: tuple[Path, Path], tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture,
+                                                                      command: str) -> None:
+    """The target's rings keep its own window: an assistant that reads a wider one cannot run. One line, exit 2,
+    before any generation (`check_pair`)."""
+    target, assistant = pair
+    wide = _copy(assistant, tmp_path / "wide")
+    config = json.loads((wide / "config.json").read_text())
+    config["text_config"]["sliding_window"] = 64
+    (wide / "config.json").write_text(json.dumps(config))
+    args = ["--target", str(target), "--assistant", str(wide), "--max-new-tokens", "4"]
+    if command == "generate":
+        status, out, err = run_inprocess(capsys, args)
+    else:
+        import chat  # scripts/chat.py
+
+        status = chat.cli(args, source=io.StringIO("hi\n"))
+        out, err = capsys.readouterr()
+    assert_one_line_failure(status, out, err, "its sliding window (64) is wider than the target's (8)")
+    assert out == ""
+
+
 def test_assistant_of_another_target(pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     target, assistant = pair
     other = _copy(assistant, tmp_path / "other")  # a self-consistent drafter for a target of hidden size 96
@@ -391,6 +414,39 @@ def test_bad_arguments(case: str, pair: tuple[Path, Path], capsys: pytest.Captur
     assert_one_line_failure(status, out, err, expected)
 
 
+@pytest.mark.parametrize("case", ["id out of range", "prompt too long", "broken assistant config"])
+def test_checks_come_before_any_line(case: str, pair: tuple[Path, Path], tmp_path: Path,
+                                     capsys: pytest.CaptureFixture) -> None:
+    """Every check runs before the header lines are printed: a refusal is the only line on stderr."""
+    target, assistant = pair
+    if case == "broken assistant config":
+        assistant = _copy(assistant, tmp_path / "broken")
+        (assistant / "config.json").write_text("{")
+    ids = {"id out of range": "2,105,512", "prompt too long": ",".join(["7"] * 1024)}.get(case, "2,105,300")
+    status, out, err = run_inprocess(capsys, ["--target", str(target), "--assistant", str(assistant),
+                                              "--prompt-ids", ids])
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+
+
+def test_system_and_think_write_the_chat_template_turn(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    """--system and --think write the template's system turn and thinking switch, as chat.py does: the tokens of
+    --prompt with them are those of --prompt-ids holding that rendering. Without a template they are refused."""
+    from gemma4.tokenizer import Gemma4Tokenizer, Message
+
+    target, assistant = pair
+    tokenizer = Gemma4Tokenizer(target / "tokenizer.json")
+    base = ["--target", str(target), "--assistant", str(assistant), "--max-new-tokens", "6", "--json"]
+    for extra, system, think in ((["--system", "Be brief."], "Be brief.", False), (["--think"], None, True)):
+        status, out, err = run_inprocess(capsys, [*base, "--prompt", "hi", *extra])
+        assert status == 0, err
+        ids = tokenizer.render([Message("user", "hi")], system, think)
+        status, expected, _ = run_inprocess(capsys, [*base, "--prompt-ids", ",".join(map(str, ids))])
+        assert json.loads(out)["tokens"] == json.loads(expected)["tokens"]
+    status, out, err = run_inprocess(capsys, [*base, "--prompt", "hi", "--raw", "--system", "x"])
+    assert_one_line_failure(status, out, err, "--system has no effect here")
+
+
 def test_prompt_text_without_tokenizer(pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     target = _copy(pair[0], tmp_path / "t", skip=("tokenizer.json",))
     status, out, err = run_inprocess(capsys, ["--target", str(target), "--assistant", str(pair[1]), "--prompt", "hi"])
@@ -404,7 +460,8 @@ def test_prompt_text_without_tokenizer(pair: tuple[Path, Path], tmp_path: Path, 
 def test_hub_id_offline(tmp_path: Path) -> None:
     proc = run_subprocess(["--target", "google/gemma-4-no-such-model-it"],
                           env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)})
-    assert_one_line_failure(proc.returncode, proc.stdout, proc.stderr, "cannot fetch google/gemma-4-no-such-model-it")
+    assert_one_line_failure(proc.returncode, proc.stdout, proc.stderr,
+                            "google/gemma-4-no-such-model-it is not on this machine")
 
 
 GENERATION_CONFIG_CASES = {  # name -> (which model, what its generation_config.json gets, what the error line says)
@@ -470,3 +527,21 @@ def test_ctrl_c_prints_what_was_generated(pair: tuple[Path, Path]) -> None:
     assert "Traceback" not in err
     assert len(first + out) > 1
     assert err.strip().splitlines()[-1].startswith("interrupted after")
+
+
+def test_a_draft_length_past_what_a_round_holds_is_cut(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    """--num-assistant-tokens 3000 with --max-new-tokens 12: a round drafts at most 10 (the first token is the
+    prefill's, and one token follows the drafts), so warm-up runs the row counts 1..11, not 1..3001 (which did not
+    end in 120 s); a note line says so, and the tokens are plain decoding's."""
+    from cli.options import draft_room, verify_rows
+    from mtp import DraftLength
+
+    assert verify_rows(DraftLength(3000), draft_room(12, None)) == tuple(range(1, 12))
+    assert verify_rows(DraftLength(3000), draft_room(5000, 16)) == tuple(range(1, 65))  # one verify: 64 rows at most
+    target, assistant = pair
+    status, out, err = run_inprocess(capsys, ["--target", str(target), "--assistant", str(assistant),
+                                              "--max-new-tokens", "12", "--ignore-eos", "--temperature", "0",
+                                              "--num-assistant-tokens", "3000", "--compare", "--json"])
+    assert status == 0, err
+    assert "note: 3000 drafts a round is cut to 10: that is the most --max-new-tokens 12 holds" in err
+    assert json.loads(out)["identical"]

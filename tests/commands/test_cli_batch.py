@@ -56,7 +56,7 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
     assert status == 0
     assert [r["tokens"] for r in rows] == [single(capsys, [*greedy, "--prompt-ids", i])["tokens"] for i in ids]
     file = tmp_path / "prompts.txt"
-    file.write_text("hi\ntell me about foxes\n")
+    file.write_text("hi\n---\ntell me about foxes\n")
     from_file = json.loads(run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--json"])[1])
     given = json.loads(run_inprocess(capsys, [*common(pair), "--prompt", "hi", "--prompt", "tell me about foxes",
                                               "--json"])[1])
@@ -72,8 +72,8 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("empty file", "is empty: write one prompt per line"),
-    ("blank line", "line 2 of --prompts-file"),
+    ("empty file", "is empty: write a prompt"),
+    ("blank line", "the prompt at line 3 of --prompts-file"),
     ("missing file", "cannot read --prompts-file"),
     ("empty prompt", "one of the prompts is empty"),
     ("ids and file", "give --prompt with it, not --prompt-ids"),
@@ -81,7 +81,7 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
 ])
 def test_bad_batches(pair, capsys: pytest.CaptureFixture, tmp_path: Path, case: str, expected: str) -> None:  # noqa: ANN001
     file = tmp_path / "prompts.txt"
-    file.write_text({"empty file": "", "blank line": "hi\n\nthere\n"}.get(case, "hi\nthere\n"))
+    file.write_text({"empty file": "", "blank line": "hi\n---\n\n---\nthere\n"}.get(case, "hi\n---\nthere\n"))
     args = {
         "empty file": ["--prompts-file", str(file)],
         "blank line": ["--prompts-file", str(file)],
@@ -107,3 +107,36 @@ def test_compare_without_assistant(pair, capsys: pytest.CaptureFixture) -> None:
 def outcomes(result: dict) -> list[tuple[list[int], int]]:
     """Each round's drafts and how many were kept: what a run decides, without what it took."""
     return [(r["drafted"], r["accepted"]) for r in result["stats"]["rounds"]]
+
+
+def short_context(target: Path, tmp_path: Path, positions: int) -> Path:
+    """A copy of the target (its files linked) whose config.json holds `positions` positions."""
+    small = tmp_path / "short"
+    small.mkdir()
+    for f in target.iterdir():
+        (small / f.name).symlink_to(f)
+    config = json.loads((target / "config.json").read_text())
+    (config.get("text_config") or config)["max_position_embeddings"] = positions
+    (small / "config.json").unlink()
+    (small / "config.json").write_text(json.dumps(config))
+    return small
+
+
+@pytest.mark.parametrize("assistant", [True, False], ids=["speculative", "plain"])
+def test_each_row_keeps_its_own_budget(pair, capsys: pytest.CaptureFixture, tmp_path: Path,  # noqa: ANN001
+                                       assistant: bool) -> None:
+    """A 160-position context, rows of 158 and 100 ids, --max-new-tokens 30: the first row gets 2 tokens and says
+    so in a note, the second its 30, as alone or listed first; --compare's solo runs take the same budgets."""
+    target = short_context(pair[0], tmp_path, 160)
+    rows = [",".join(["2"] + ["300"] * 157), ",".join(["2"] + ["7"] * 99)]
+    args = ["--target", str(target), "--max-new-tokens", "30", "--ignore-eos", "--temperature", "0",
+            *(["--assistant", str(pair[1]), "--num-assistant-tokens", "3"] if assistant else ["--no-assistant"])]
+    status, out, err = run_inprocess(capsys, [*args, "--prompt-ids", rows[0], "--prompt-ids", rows[1], "--json",
+                                              "--compare"])
+    assert status == 0, err
+    result = json.loads(out)
+    assert [len(r["tokens"]) for r in result["rows"]] == [2, 30]
+    assert "note: --max-new-tokens 30 is cut to 2 for row 0" in err and "row 1" not in err
+    assert result["stats"]["identical"]
+    alone = single(capsys, [*args, "--prompt-ids", rows[1]])
+    assert result["rows"][1]["tokens"] == alone["tokens"]

@@ -45,12 +45,21 @@ def test_prompts_from_stdin_in_blocks(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_prompts_file_lines(pair, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    """A file is one prompt, however many lines it wraps over; `---` lines ask for a batch. A note says how many
+    prompts were read."""
     common = ["--target", str(pair[0]), "--assistant", str(pair[1]), "--max-new-tokens", "4", "--json"]
     file = tmp_path / "prompts.txt"
-    file.write_text("hi\nthere\n\n\n")  # blank lines at the end are no prompts
+    wrapped = "\n".join(f"line {i}" for i in range(30))
+    file.write_text(wrapped + "\n\n\n")  # blank lines at the end are no part of it
     status, out, err = run_inprocess(capsys, [*common, "--prompts-file", str(file)])
     assert status == 0, err
-    assert len(json.loads(out)["rows"]) == 2
+    assert "rows" not in json.loads(out)  # one prompt: the one-prompt object
+    assert json.loads(out)["tokens"] == json.loads(run_inprocess(capsys, [*common, "--prompt", wrapped])[1])["tokens"]
+    assert f"note: 1 prompt read from {file} (the whole file" in err
+    file.write_text("hi\n---\nthere\n\n\n")
+    status, out, err = run_inprocess(capsys, [*common, "--prompts-file", str(file)])
+    assert status == 0, err
+    assert len(json.loads(out)["rows"]) == 2 and f"note: 2 prompts read from {file}" in err
     file.write_text("hi\n---\n   \n---\nthere\n")
     status, out, err = run_inprocess(capsys, [*common, "--prompts-file", str(file)])
     assert status == 2 and "the prompt at line 3 of --prompts-file" in err

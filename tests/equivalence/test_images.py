@@ -8,6 +8,7 @@
   keeps a cached image that the new prompt replaced by another one at the same place.
 """
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from gemma4.generate import decode
 from gemma4.model import Gemma4Model
 from gemma4.rows import choose
 from gemma4.vision.loading import Vision, load_vision
-from gemma4.vision.prompt import PromptImages
+from gemma4.vision.prompt import PromptImages, expand
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate
 from mtp.drafter import Drafter
 from mtp.batch import speculative_generate_batch
@@ -80,6 +81,26 @@ def test_batch_rows_with_different_images_equal_solo_runs(image_pair) -> None:  
     spec = speculative_generate_batch(target, drafter, prompts, NEW, DraftLength(3), (), samplers, images=together,
                                       prefill_chunk=16)
     assert [r.tokens for r in spec] == solo
+
+
+def test_a_batch_with_a_both_ways_image_longer_than_a_chunk_drafts_past_it(image_pair) -> None:  # noqa: ANN001
+    """An image of 70 soft tokens seen both ways makes the slack 70, more than the 64 a prefill chunk of 16 asks for.
+    A batch's verify pads a row past its last position by up to the slack less one: the cache must hold them. Row 0
+    (the image, a budget of 2) sets the cache's length; row 1 drafts 66 in the first round, so row 0's block reaches
+    66 past its prompt, 2 past its budget plus 64 pads. Every row equals its run alone."""
+    target, drafter, vision, vectors = image_pair
+    tokens = dataclasses.replace(vision.tokens, both_ways=True)
+    long = torch.cat(vectors)[:70]  # (70, E)
+    rows, budgets = [([2, 10, tokens.boi, 12, 13], [long]), ([2, 40, 41], [])], [2, 72]
+    prompts = [expand(ids, [len(v) for v in images], tokens) for ids, images in rows]
+    together = PromptImages(prompts, [images for _, images in rows], tokens)
+    assert together.longest == 70 and len(prompts[0]) + budgets[0] > len(prompts[1]) + budgets[1]
+    solo = [decode(target, [p], n, images=PromptImages([p], [images], tokens))[0].tokens
+            for p, n, (_, images) in zip(prompts, budgets, rows)]
+    spec = speculative_generate_batch(target, drafter, prompts, budgets, DraftLength(66), images=together,
+                                      prefill_chunk=16)
+    assert [r.tokens for r in spec] == solo
+    assert len(spec[1].stats.rounds[0].drafted) == 66
 
 
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])

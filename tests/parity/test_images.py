@@ -1,6 +1,7 @@
 """Image prompts against transformers 5.22.2 on tiny image-text checkpoints it wrote (tests/checkpoints.py `images=True`):
 logits of a prompt holding two images within the float64 bound (tests/tolerance.py), for every family; a causal-only
-mask failing where the config asks for both ways; and speculative decoding equal to plain decoding over an image prompt.
+mask failing where the config asks for both ways; speculative decoding equal to plain decoding over an image prompt;
+and a media id the model generates embedded as transformers embeds it.
 
 Transformers gets the pixels its own PIL processor makes (float32, as it returns them); the 12B's processor needs
 torchvision, so it gets ours (tests/parity/test_image_processor.py holds our pixels to transformers'). The 12B's
@@ -12,15 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-from gemma4 import load_target
-from gemma4.generate import greedy_generate
+from gemma4 import SamplerConfig, load_target
+from gemma4.fast.static import StaticKVCache, StaticTarget
+from gemma4.generate import greedy_generate, sample_generate
 from gemma4.vision.loading import load_vision
 from gemma4.vision.processor import process
 from mtp import DraftLength, load_drafter, speculative_generate
-from tests.checkpoints import IMAGE_SOFT_TOKENS, STOP_IDS, picture, write_assistant, write_target
-from tests.tf_oracle import tf_target
+from tests.checkpoints import IMAGE_SOFT_TOKENS, MEDIA_IDS, STOP_IDS, picture, write_assistant, write_target
+from tests.tf_oracle import tf_greedy, tf_target
 from tests.tolerance import assert_fp32_parity
 
 FAMILIES = {"e2b": None, "moe": None, "dense": True, "12b": None}  # shape -> both_ways (None: TF's default)
@@ -121,3 +124,30 @@ def test_greedy_tokens_equal_transformers_generate(image_target, monkeypatch: py
     out = tf.generate(input_ids=x, attention_mask=torch.ones_like(x), mm_token_type_ids=(x == vision.tokens.soft).long(),
                       max_new_tokens=16, do_sample=False, **tf_pixels(vision, PICTURES))
     assert out[0, len(ids):].tolist() == mine
+
+
+@torch.no_grad()
+def test_a_generated_media_id_embeds_as_transformers_does(tmp_path: Path) -> None:
+    """transformers embeds every image, video and audio id as the pad token in every forward, one the model itself
+    generated included (its embedding and its PLE rows). A tiny E2B image model made to emit the image id (its tied
+    head row set to 4x that of a token it picks): greedy tokens, plain, speculative and through the static steps,
+    equal transformers' `generate`, in float64, and the id is among them."""
+    path = write_target(tmp_path / "t", "e2b", images=True)
+    ids = [2, 10, 11, 12, 13]
+    picked = greedy_generate(load_target(path, dtype=torch.float64, fast=False), ids, 6)[3]
+    file = next(path.glob("*.safetensors"))
+    tensors = load_file(file)
+    name = next(n for n in tensors if n.endswith("language_model.embed_tokens.weight"))
+    image = MEDIA_IDS["image_token_id"]
+    tensors[name][image] = 4 * tensors[name][picked]
+    save_file(tensors, file, metadata={"format": "pt"})
+    ours = load_target(path, dtype=torch.float64, fast=False)
+    mine = greedy_generate(ours, ids, 16)
+    assert image in mine[:-1]  # generated, and a token chosen after it
+    assert mine == tf_greedy(tf_target(path, dtype=torch.float64), ids, 16)
+    drafter = load_drafter(write_assistant(tmp_path / "a", path, ordered_embeddings=False, echo=True, seed=2),
+                           dtype=torch.float64)
+    assert speculative_generate(ours, drafter, ids, 16, DraftLength(3)).tokens == mine
+    static = StaticTarget(ours)
+    cache = StaticKVCache(ours.config, 32, torch.float64, align=1)
+    assert sample_generate(static, ids, 16, SamplerConfig(temperature=0), cache=cache) == mine

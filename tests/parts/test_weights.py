@@ -150,7 +150,21 @@ def test_hub_id_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     # The library reads HF_HUB_OFFLINE once, at import: set the value it consults.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(CheckpointError, match="cannot fetch nobody/no-such-gemma"):
+    with pytest.raises(CheckpointError, match="nobody/no-such-gemma is not on this machine"):
+        load_target("nobody/no-such-gemma")
+
+
+def test_hub_id_without_a_network_fails_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without a network (here: the Hub's host refused), the cache alone is read: no retries, one clear line that
+    says the files are not here and how to get them."""
+    import huggingface_hub.constants
+
+    import gemma4.weights
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused
+    assert not gemma4.weights.hub_reachable(huggingface_hub.constants.ENDPOINT)
+    with pytest.raises(CheckpointError, match=r"is not on this machine .* \(hf download nobody/no-such-gemma"):
         load_target("nobody/no-such-gemma")
 
 
