@@ -94,10 +94,14 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
             "first-forward peak / weights as loaded (bf16)", "demo: ATen calls per decode step of the target",
             "bench: plain decode, fast / fast=False", "demo: plain decode, fast / fast=False"} <= set(goals)
     printed = benchmark.table(result)
-    # The goals block ends the table: a row per goal of the result, in its order, with its name and measured value.
+    # The goals block ends the table: a row per goal of the result, in its order, with its name, measured value and
+    # whether it is met.
     rows = printed.partition("\n== goals")[2].splitlines()[1:]
-    assert [(row.split("goal ")[0].strip(), row.split()[-1]) for row in rows] == \
-        [(g["goal"], "n/a" if g["value"] is None else f"{g['value']:.3f}") for g in result["goals"]]
+    verdict = {True: "met", False: "not met", None: "not measured"}
+    assert [(row.split("goal ")[0].strip(), row.split("  ")[-1].strip()) for row in rows] == \
+        [(g["goal"], verdict[g["met"]] if g["met"] is not None or g["value"] is None else "") for g in result["goals"]]
+    for row, g in zip(rows, result["goals"]):
+        assert ("n/a" if g["value"] is None else f"{g['value']:.3f}") in row
     assert all(f"{c['shape'][0]}x{c['shape'][1]}" in printed for c in result["demo"]["packing"]["target"])
 
 

@@ -244,11 +244,11 @@ def test_every_k_the_schedule_may_choose_is_compiled(models, schedule: str) -> N
     round runs an uncompiled step (`eager_steps`, the `eager_rounds` of --json). The steps here are routed as
     compiled but left uncompiled: whether a row count reaches the compiled step is what is checked (compiling
     itself is test_compiled_equals_eager's). The rows of the starting K alone, as before, leave rounds eager."""
-    from cli.options import verify_rows  # scripts/cli/options.py
+    from cli.options import draft_room, verify_rows  # scripts/cli/options.py
     target, drafter = models["dense", "echo"]
     ids, n = prompt("long"), 40
     fixed = {"costs": lambda k: 1.0 + 0.05 * (k - 1), "draft_cost": 0.05} if schedule == "auto" else {}
-    rows = verify_rows(DraftLength(4, schedule, **fixed))
+    rows = verify_rows(DraftLength(4, schedule, **fixed), draft_room(n, None))
     assert rows == {"auto": tuple(range(1, 10)), "heuristic": tuple(range(1, 10)), "constant": (1, 2, 3, 4, 5)}[schedule]
     expected = greedy_generate(target, ids, n)
     for compiled_rows in (rows, (1, 5)):
