@@ -15,7 +15,9 @@ import torch
 
 from gemma4.cache import KVCache
 from gemma4.model import Gemma4Model
-from gemma4.rows import Request, check_rows, choose, finish_reason, new_cache, prefill
+from gemma4.rows import (  # noqa: F401 (PAD, PromptError, check_prompt: importable from here as well)
+    PAD, PromptError, Request, check_prompt, check_rows, choose, finish_reason, new_cache, prefill,
+)
 from gemma4.sampling import SamplerConfig
 
 if TYPE_CHECKING:
