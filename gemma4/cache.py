@@ -67,8 +67,7 @@ class KVCache:
         self.slot_positions = torch.full((batch, self.ring), EMPTY, dtype=torch.long, device=device)  # (B, R)
 
     def size(self, layer: int) -> int:
-        """The most slots this layer's buffers may hold: every position, or the ring."""
-        return self.ring if self.kinds[layer] == SLIDING else self.capacity
+        return self.ring if self.kinds[layer] == SLIDING else self.capacity  # the most slots its buffers may hold
 
     def allocate(self, layer: int) -> int:
         return self.size(layer)  # the slots made at first: all (a growing cache makes fewer: mtp/extras/growing.py)
@@ -98,7 +97,8 @@ class KVCache:
         # Advanced indices [batch row, :, where] address (B, T, K, D): every row at its own slots.
         self.keys[layer][slots.batch_index, :, where] = k.transpose(1, 2)
         self.values[layer][slots.batch_index, :, where] = v.transpose(1, 2)
-        return self.read(layer, slots.end)[:2]
+        s = slots.keys[self.kinds[layer]].shape[-1]  # S: the slots this layer's kind reads, claimed once a forward
+        return self.keys[layer][:, :, :s], self.values[layer][:, :, :s]  # no key positions made per layer
 
     def read(self, layer: int, end: int) -> KV:
         """What a reader of positions 0..end-1 attends to: views of the slots in use and their positions."""
