@@ -49,17 +49,21 @@ rejections α_1 = 0.5/(n + 1) (n ≤ 9; then × 0.9 a rejection), and K = 1 pays
 α_1 > r. So the opening ends, and K = 0 begins, after the first n ≥ 1 rounds of K = 1 with 0.5/(n + 1) ≤ r:
 1 round when r ≥ 1/4, ⌈1/(2r)⌉ - 1 when 0.05 < r < 1/4 (time learned: with the free plain step after the
 first). They cost n·Δ ≤ max(Δ, 1/2) over plain decoding. From then on only probes draft (below), Δ each, one
-round in probe_every after the opening's last draft: over N rounds the overhead is at most (n + N/probe_every)·Δ.
-With c_draft = 0.3 and c_verify(n) = 1 + 0.1(n - 1), so time(K) = 1 + 0.4·K, fixed or timed: Δ = 0.4, K = 0
-from round 2, 0.4 once and 0.025 a round after (tests/parts/test_schedule.py). A first round of 4 drafts: 1.6.
+round in g = max(probe_every, ⌈Δ/PROBE_SHARE⌉) after the opening's last draft: over N rounds the overhead is at
+most n·Δ + N·min(Δ/probe_every, PROBE_SHARE). With c_draft = 0.3 and c_verify(n) = 1 + 0.1(n - 1), so
+time(K) = 1 + 0.4·K, fixed or timed: Δ = 0.4, K = 0 from round 2, 0.4 once and 0.01 a round after (a probe in
+40 rounds; tests/parts/test_schedule.py). A first round of 4 drafts: 1.6.
 
 Probing: the estimates only test drafts the controller makes, so a stale low α_{K+1} would keep K where it is
-for good (at K = 0 nothing tests α_1: no recovery when the text turns easy). One round in every `probe_every`
-(PROBE_EVERY = 16) drafts one more than the estimates say (until a draft is kept, at most one): at K = 0 a round
-of one draft instead of a plain step, Δ/probe_every a round (2.5% of a plain step at the costs above). A probe
-whose extra draft is kept is followed by another the next round (after the `initial` round, for the first kept
-draft), so an easy stretch is found in about probe_every + 4 rounds. No probes when `acceptance` is fixed: they
-would learn nothing.
+for good (at K = 0 nothing tests α_1: no recovery when the text turns easy). So a round drafts one more than the
+estimates say (a probe; until a draft is kept, at most one) once both hold since the last probe: `probe_every`
+rounds (PROBE_EVERY = 16), and enough rounds that its extra draft, time(K + 1) - time(K), is at most
+PROBE_SHARE = 1% of their plain steps. At K = 0 a probe is a round of one draft instead of a plain step, Δ over
+it. The share is what a never-right drafter costs over plain decoding once the opening is over, whatever Δ is on
+the machine at hand: where drafts are dear (Δ = 0.4 on a CPU) a probe comes every 40 rounds, where a verify of a
+few rows costs what one does, every 16. A probe whose extra draft is kept is followed by another the next round
+(after the `initial` round, for the first kept draft), so an easy stretch is found in about g + 4 rounds. No
+probes when `acceptance` is fixed: they would learn nothing.
 
 Work per round: `observe` updates at most k + 1 estimates and refits the line (one pass over the K timed, at
 most max_k + 1); `next` runs one loop over K, reading each time off the line and its bounds; no container is
@@ -74,7 +78,8 @@ from mtp.schedule import DraftLength, check_initial, check_name, check_room, che
 WEIGHT = 0.1  # EWMA weight of one observation (α_j and seconds)
 ALPHA_PRIOR = 0.5  # α_j before any test of draft j
 DRAFT_PRIOR = 0.1  # a draft step, in plain steps, before one is timed
-PROBE_EVERY = 16  # one round in this many drafts one more than the estimates say
+PROBE_EVERY = 16  # at most one round in this many drafts one more than the estimates say
+PROBE_SHARE = 0.01  # and the probes cost at most this share of the plain steps between them
 MAX_K = 8
 
 
@@ -117,6 +122,7 @@ class Auto(DraftLength):
         self.initial_due = False  # the next round with room drafts `initial` (the first kept draft was just seen)
         self.since_probe = 0  # rounds since the last probe
         self.probing = False  # the K handed out by next() is a probe
+        self.probe_again = False  # the last probe's extra draft was kept: the next round is a probe
 
     # ------------------------------------------------------------------ the loop's calls
     def start_call(self) -> None:
@@ -146,8 +152,8 @@ class Auto(DraftLength):
         if now is not None:
             self.learn(k, max(0.0, now - self.started))
         self.started = None  # a round is timed once
-        if self.probing and accepted == k:
-            self.since_probe = self.probe_every - 1  # the text may have turned easy: probe again next round
+        if self.probing:
+            self.probe_again = accepted == k  # the text may have turned easy: probe again next round
 
     def choose(self, room: int) -> int:
         """K for this round: the opening, the `initial` round, the estimates' choice or a probe (docstring)."""
@@ -168,10 +174,16 @@ class Auto(DraftLength):
         if room > 0:
             self.since_probe += 1
             if k == deepest:
-                self.since_probe = 0  # nothing deeper to test
-            elif self.since_probe >= self.probe_every and k < top:
-                k, self.since_probe, self.probing = k + 1, 0, True
+                self.since_probe, self.probe_again = 0, False  # nothing deeper to test
+            elif k < top and (self.probe_again or self.probe_due(k)):
+                k, self.since_probe, self.probing, self.probe_again = k + 1, 0, True, False
         return k
+
+    def probe_due(self, k: int) -> bool:
+        """Whether this round (k drafts by the estimates) is a probe: probe_every rounds since the last one, and
+        enough of them that its extra draft, time(k + 1) - time(k), is at most PROBE_SHARE of their plain steps."""
+        return (self.since_probe >= self.probe_every
+                and self.since_probe * PROBE_SHARE * self.time(0) >= self.time(k + 1) - self.time(k))
 
     # ------------------------------------------------------------------ the model
     def timed(self) -> bool:

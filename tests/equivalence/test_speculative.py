@@ -223,7 +223,7 @@ def test_statistics_of_a_drafter_always_right(models) -> None:  # noqa: ANN001
 def test_auto_stops_drafting_for_a_drafter_that_is_never_right(models) -> None:  # noqa: ANN001
     """With a verify costing 1 + 0.1 per extra row and a draft step 0.3 (fixed, so the run is the same on every
     machine), auto reaches K = 0 within 4 rounds of a drafter that is never right, still commits plain
-    greedy's tokens, and only probes afterwards (one round in 16)."""
+    greedy's tokens, and only probes afterwards (one round in 16 at most)."""
     target, draft_model = models["dense", "random"]
     length = DraftLength(4, "auto", costs=lambda n: 1.0 + 0.1 * (n - 1), draft_cost=0.3)
     result = speculative_generate(target, draft_model, prompt("long"), 40, length)

@@ -5,10 +5,11 @@ models, and no wall clock (`auto` times its rounds on a clock each test moves by
   here): α = 1 with cheap drafts -> max_k (or the room), α = 0 -> 0, a verify as dear as 3 decode
   steps -> the computed optimum; ties go to the smaller K.
 - A drafter that is never right, with CPU-like round times, drives `auto` to K = 0 from round 2
-  and keeps it there but for one probe in every probe_every rounds; with costs fixed or timed, K = 0 comes
-  after the rounds auto_schedule.py states, never K > 1, and the overhead over N plain steps is n·Δ
-  plus Δ a probe. When the probes are kept again, the estimates choose K > 0 within probe_every + 4
-  rounds, even after 200 rounds at K = 0, and K climbs to max_k. A probe drafts one more than the
+  and keeps it there but for one probe in every probe_every rounds or more (as many as make Δ at most
+  PROBE_SHARE of their plain steps); with costs fixed or timed, K = 0 comes after the rounds auto_schedule.py
+  states, never K > 1, and the overhead over N plain steps is n·Δ plus Δ a probe. When the probes are kept
+  again, the estimates choose K > 0 within that gap + 4 rounds, even after 200 rounds at K = 0, and K climbs
+  to max_k. A probe drafts one more than the
   estimates say, when the room allows, again the next round if its extra draft was kept, never at
   max_k nor with acceptance fixed. The first kept draft is followed by a round of `initial`.
 - Only tested drafts update α_j; a round's seconds are those from next() to observe(), learned per K and read
@@ -19,11 +20,12 @@ models, and no wall clock (`auto` times its rounds on a clock each test moves by
 """
 
 import copy
+import itertools
 import math
 
 import pytest
 
-from mtp.auto_schedule import ALPHA_PRIOR, PROBE_EVERY, WEIGHT, Auto
+from mtp.auto_schedule import ALPHA_PRIOR, PROBE_EVERY, PROBE_SHARE, WEIGHT, Auto
 from mtp.heuristic import Heuristic, HeuristicTransient
 from mtp.schedule import SCHEDULES, Constant, DraftLength
 
@@ -140,15 +142,25 @@ def run(d: DraftLength, rounds: int, keep: bool, room: int = 100) -> list[int]:
     return ks
 
 
+def probe_gap(d: DraftLength, probe_every: int = PROBE_EVERY) -> int:
+    """Rounds from a probe to the next at K = 0 (mtp/auto_schedule.py `probe_due`): at least probe_every, and enough
+    that the probe's extra draft, Δ = time(1) - time(0), is at most PROBE_SHARE of their plain steps."""
+    delta, plain = d.time(1) - d.time(0), d.time(0)
+    return next(n for n in itertools.count(probe_every) if n * PROBE_SHARE * plain >= delta)
+
+
 def test_a_drafter_never_right_reaches_plain_decoding() -> None:
     d = auto(4)
-    ks = run(d, 3 * PROBE_EVERY, keep=False)
+    ks = run(d, 100, keep=False)
     # Round one drafts one token, not `initial`; α_1, the mean of the prior and the observation, falls 0.5 -> 0.25.
     # Round two is a plain step, timed (no draft kept yet, no plain step timed). From then on time(K) is the line
     # through K = 0 and 1, 1 + 0.4·K: K = 1 pays iff (1 + α_1)/1.4 > 1, i.e. α_1 > 0.4. So K = 0 from round 2.
     assert ks[:4] == [1, 0, 0, 0]
-    # From then on only the probes draft: rounds 17 and 33 (one in every PROBE_EVERY after round 1), K = 1 each.
-    assert [(i, k) for i, k in enumerate(ks) if i >= 1 and k] == [(PROBE_EVERY * m, 1) for m in (1, 2)]
+    # From then on only the probes draft, K = 1 each: Δ = 0.4 plain steps, so one round in 40 (not PROBE_EVERY: that
+    # many rounds' plain steps pay for a probe at PROBE_SHARE), counted from round 1.
+    gap = probe_gap(d)
+    assert gap in (40, 41)  # 40 · 0.01 · 1.0 against 1.4 - 1.0, within a rounding of either
+    assert [(i, k) for i, k in enumerate(ks) if i >= 1 and k] == [(gap * m, 1) for m in (1, 2)]
     e = d.estimates()
     assert e["plain_s"] == pytest.approx(1.0) and e["round_s"][1] == pytest.approx(1.4)
     assert e["round_s"][8] == pytest.approx(4.2)  # 8 drafts: the line
@@ -199,20 +211,24 @@ def test_the_road_to_plain_decoding_and_its_overhead(draft: float, slope: float,
     assert max(ks) == 1  # until a draft is kept, at most one a round, probes included
     assert n * delta <= max(delta, costs(1) / 2)  # the opening: at most half a plain step, or one K = 1 round
     probes = [i for i in range(end, N) if ks[i]]
-    assert probes == [end - 1 + probe_every * m for m in range(1, (N - end) // probe_every + 1)]  # after round end
+    gap = probe_gap(d, probe_every)
+    assert probes == [end - 1 + gap * m for m in range(1, (N - end) // gap + 1)]  # after round end
     overhead = sum(seconds(k) for k in ks) - N * costs(1)  # a round commits 1 token
     assert overhead == pytest.approx((n + len(probes)) * delta)
-    assert overhead <= (n + N / probe_every) * delta + 1e-9
+    # The probes: Δ/probe_every a round at most, and at most PROBE_SHARE of a plain step.
+    assert overhead <= n * delta + N * min(delta / probe_every, PROBE_SHARE * costs(1)) + 1e-9
 
 
 def test_the_first_kept_draft_is_followed_by_initial() -> None:
     d = auto(4)
     assert run(d, 2, keep=True) == [1, 4]  # one draft, kept: then `initial`, whatever the estimates say
     d = auto(4)
-    run(d, 20, keep=False)  # K = 0 and a probe at round 17
+    run(d, 4, keep=False)  # K = 0 from round 2
+    gap = probe_gap(d)
+    run(d, gap + 4, keep=False)  # and a probe at round gap + 1
     assert d.next(0) == 0  # no room: `initial` waits for a round that has some
-    assert run(d, 12, keep=False) == [0] * 12
-    assert run(d, 1, keep=True) == [1]  # the probe of round 33, kept
+    assert run(d, gap - 8, keep=False) == [0] * (gap - 8)
+    assert run(d, 1, keep=True) == [1]  # the next probe, kept
     assert d.next(3) == 3  # `initial`, within the room
     assert d.next(100) == 1 and d.probing  # then the probe the kept one asked for (the estimates still say 0)
 
@@ -222,13 +238,13 @@ def test_the_estimates_recover_when_drafts_are_kept_again(idle: int) -> None:
     d = auto(4)
     run(d, 4 + idle, keep=False)
     assert d.best(8) == 0
-    # Now every draft is kept. The first probe comes within PROBE_EVERY rounds; the first kept draft is followed
+    # Now every draft is kept. The first probe comes within probe_gap rounds; the first kept draft is followed
     # by a round of `initial` drafts and a kept probe by another, so α_1 is tested every round from then on.
-    # After 200 rounds at K = 0 (round one and 12 rejected probes) α_1 = 0.05·0.9^4 = 0.033, and the kept probe,
-    # the `initial` round and three more kept probes lift it above 0.4 (= r, time(K) = 1 + 0.4·K):
-    # 1 - 0.9^5·(1 - 0.033) = 0.43. So the estimates choose K > 0 within PROBE_EVERY + 4 rounds.
+    # After 200 rounds at K = 0 (round one and four rejected probes, one in 41 rounds) α_1 = 0.5/6 = 0.083, and
+    # the kept probe, the `initial` round and two more kept probes lift it above 0.4 (= r, time(K) = 1 + 0.4·K):
+    # 0.21, 0.31, 0.39, 0.45. So the estimates choose K > 0 within probe_gap + 4 rounds.
     ks, best = [], []
-    for _ in range(PROBE_EVERY + 4):
+    for _ in range(probe_gap(d) + 4):
         ks += run(d, 1, keep=True)
         best.append(d.best(8))
     assert best[-1] > 0
@@ -331,7 +347,8 @@ def test_probes_draft_one_more_when_there_is_room() -> None:
     d = DraftLength(1, "auto", max_k=4, costs=lambda n: 1.0, draft_cost=0.6, probe_every=3, clock=never)
     d.observe(1, accepted=0)  # α_1 = 0.25: K = 0 is best
     assert [d.next(0) for _ in range(6)] == [0] * 6  # no room: nothing to probe, and no round counted
-    assert [d.next(1) for _ in range(6)] == [0, 0, 1, 0, 0, 1]
+    gap = probe_gap(d, 3)  # Δ = 0.6: 60 rounds' plain steps pay for a probe, not 3
+    assert [d.next(1) for _ in range(2 * gap)] == ([0] * (gap - 1) + [1]) * 2
     d.observe(1, accepted=1)  # the probe kept: the first kept draft
     assert d.alpha[0] == pytest.approx(0.5) and d.best(4) == 0  # (0.5 + 0 + 1) / 3
     assert d.next(4) == 1 and not d.probing  # `initial` (1 here) drafts: its own round, not a probe
