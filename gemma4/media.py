@@ -48,6 +48,12 @@ class Media:
             most = max(most, hi - lo)
         return most
 
+    def __add__(self, other: "Media") -> "Media":
+        """Two kinds of media of the same prompts (images and audio) as one: each row's spans in position order."""
+        if len(self.rows) != len(other.rows):
+            raise ValueError(f"media of {len(self.rows)} and of {len(other.rows)} prompts cannot be joined")
+        return Media([sorted(a + b, key=lambda s: s.start) for a, b in zip(self.rows, other.rows)])
+
     def text_ids(self, b: int, ids: Sequence[int]) -> list[int]:
         """Row b's ids with its spans' placeholders as the pad token (0): what is left to check as text."""
         out = list(ids)
@@ -82,3 +88,31 @@ class Media:
         # Row-major order of `where` is row by row, each row's spans in order: the order of `pieces`.
         both = (lo.to(device), hi.to(device)) if bool((hi > lo).any()) else None
         return Soft(where.to(device), torch.cat(pieces), both)
+
+
+def joined(images: Media | None, audio: Media | None) -> Media | None:
+    """A loop's `images=` and `audio=` as the one Media it runs (None without either)."""
+    return images + audio if images and audio else images or audio
+
+
+def expand(ids: Sequence[int], begin: int, sizes: Sequence[int], soft: int, end: int) -> list[int]:
+    """Ids where each `begin` id marks a span's place (one per span, in order: the caller checks the count) -> the
+    ids with begin, n soft ids and end for each: an image's boi..eoi, a clip's boa..eoa."""
+    places = [j for j, i in enumerate(ids) if i == begin]
+    out, last = [], 0
+    for j, n in zip(places, sizes, strict=True):
+        out += list(ids[last:j]) + [begin] + [soft] * n + [end]
+        last = j + 1
+    return out + list(ids[last:])
+
+
+def runs(ids: Sequence[int], soft: int) -> list[tuple[int, int]]:
+    """(start, end) of every run of `soft` ids in ids, in order: one per image or clip."""
+    out = []
+    for j, i in enumerate(ids):
+        if i == soft:
+            if out and out[-1][1] == j:
+                out[-1] = (out[-1][0], j + 1)
+            else:
+                out.append((j, j + 1))
+    return out

@@ -99,20 +99,21 @@ def target_ignored(c: TextConfig) -> set[str]:
 
 # ---------------------------------------------------------------- finding the files
 
-def resolve_model_dir(path_or_id: str | Path, images: bool = False) -> Path:
-    """A local directory as it is, or a Hub id downloaded (config, tokenizer, text shards only; `images`: also
-    the processor config and the shards of the vision tower, gemma4/vision/loading.py)."""
+def resolve_model_dir(path_or_id: str | Path, images: bool = False, audio: bool = False) -> Path:
+    """A local directory as it is, or a Hub id downloaded (config, tokenizer, text shards only; `images`, `audio`:
+    also the processor config and the shards of the vision or audio side, gemma4/vision/, gemma4/audio/)."""
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path
     text = str(path_or_id)
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
         raise CheckpointError(f"{text} is not a directory with a checkpoint, nor a Hub id like 'google/gemma-4-E2B-it'")
-    return _download(text, images)
+    return _download(text, images, audio)
 
 
 IMAGE_FILES = ("processor_config.json", "preprocessor_config.json")
 IMAGE_PREFIXES = ("model.vision_tower.", "model.vision_embedder.", "model.embed_vision.")
+AUDIO_PREFIXES = ("model.audio_tower.", "model.embed_audio.")
 
 
 def hub_reachable(endpoint: str, seconds: float = 5.0) -> bool:
@@ -126,7 +127,7 @@ def hub_reachable(endpoint: str, seconds: float = 5.0) -> bool:
         return False
 
 
-def _download(repo_id: str, images: bool = False) -> Path:
+def _download(repo_id: str, images: bool = False, audio: bool = False) -> Path:
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 
@@ -153,7 +154,7 @@ def _download(repo_id: str, images: bool = False) -> Path:
             ) from None
 
     config = fetch("config.json")
-    for name in SIDE_FILES[1:] + (IMAGE_FILES if images else ()):
+    for name in SIDE_FILES[1:] + (IMAGE_FILES if images or audio else ()):
         fetch(name, required=False)
     index = fetch(INDEX, required=False)
     if index is None:
@@ -161,7 +162,7 @@ def _download(repo_id: str, images: bool = False) -> Path:
     else:  # only the shards that hold text tensors
         weight_map = json.loads(index.read_text())["weight_map"]
         _, prefix = text_fields(read_json(config))
-        wanted = (prefix, *IMAGE_PREFIXES) if images else (prefix,)
+        wanted = (prefix, *(IMAGE_PREFIXES if images else ()), *(AUDIO_PREFIXES if audio else ()))
         for shard in sorted({f for n, f in weight_map.items() if n.startswith(wanted)}):
             fetch(shard)
     return config.parent

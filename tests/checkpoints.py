@@ -19,6 +19,8 @@ Notable facts:
   still bends them measurably (by up to ~0.05), while fp32 rounding, which grows with the logit scale,
   stays a few 1e-5 (parity is bounded against float64 runs: tests/tolerance.py).
 - Everything is drawn in float32 and then cast, so a bfloat16 checkpoint is the float32 one rounded.
+- `audio=True` adds an audio side drawn from a stream of its own, with finite clip bounds that cut on the tower's
+  first layer (`_redraw_audio`).
 - `official_config=True` rewrites the config into the form Google's files use (`global_head_dim`,
   `num_global_key_value_heads`, no `per_layer_config`); TF resolves both forms to the same geometry.
 - Shapes (all: H 64, V 512, Hq 4-8, head_dim 16 / global_head_dim 32, sliding_window 8, softcap 30, tied):
@@ -35,12 +37,15 @@ from pathlib import Path
 import torch
 from PIL import Image
 from safetensors import safe_open
+from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+from transformers.models.gemma4_unified.feature_extraction_gemma4_unified import Gemma4UnifiedAudioFeatureExtractor
 from transformers import (
     AutoConfig,
     GenerationConfig,
     Gemma4AssistantConfig,
     Gemma4AssistantForCausalLM,
+    Gemma4AudioConfig,
     Gemma4Config,
     Gemma4ForCausalLM,
     Gemma4ForConditionalGeneration,
@@ -48,6 +53,7 @@ from transformers import (
     Gemma4VisionConfig,
     Gemma4UnifiedAssistantConfig,
     Gemma4UnifiedAssistantForCausalLM,
+    Gemma4UnifiedAudioConfig,
     Gemma4UnifiedConfig,
     Gemma4UnifiedForCausalLM,
     Gemma4UnifiedForConditionalGeneration,
@@ -225,6 +231,59 @@ def _tiny_vision_config() -> Gemma4VisionConfig:
     )
 
 
+# Audio checkpoints (`audio=True`): E2B-family files get a conformer tower of width 32 (2 layers, 4 heads, the
+# subsampler's first conv 128 channels as transformers requires: the mel bins) projecting to AUDIO_OUTPUT, then
+# `embed_audio` to the text width; the 12B's files get its 640-sample frame embedder. Beside them, the feature
+# extractor's settings (transformers' defaults, as every release stores) in processor_config.json.
+AUDIO_OUTPUT = 24  # output_proj_dims of the tiny tower: not the text width, so embed_audio's projection is not square
+AUDIO_CLIPPED_LAYERS = 1  # clipped linears of the first layers get finite bounds that cut; later ones keep +-inf
+
+
+def _tiny_audio_config(unified: bool) -> Gemma4AudioConfig | Gemma4UnifiedAudioConfig:
+    if unified:
+        return Gemma4UnifiedAudioConfig()  # audio_embed_dim 640: the frame is the release's, it sets no width here
+    return Gemma4AudioConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             subsampling_conv_channels=[128, 8], output_proj_dims=AUDIO_OUTPUT)
+
+
+def _redraw_audio(name: str, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A fresh value for one audio tensor: norms and scales away from their identity, projections ~ N(0, 1/fan_in)
+    (convolutions: fan_in = in channels x kernel) so activations stay O(1), and finite clip bounds (about +-1.5)
+    on the first AUDIO_CLIPPED_LAYERS layers, where normalised activations pass them often."""
+    if t.dim() == 0:  # a clipped linear's bound
+        layer = int(name.split(".layers.")[1].split(".")[0])
+        if layer >= AUDIO_CLIPPED_LAYERS:
+            return t  # +-inf: loaded and applied, a no-op
+        return _uniform(t.shape, 1.0, 2.0, gen) * (-1 if name.endswith("_min") else 1)
+    if "norm" in name and name.endswith("weight"):
+        return _uniform(t.shape, 0.5, 1.5, gen)
+    if name.endswith("per_dim_scale"):  # softplus of it scales the queries: around ln 2, not exactly
+        return torch.randn(t.shape, generator=gen) * 0.5
+    if name.endswith("bias"):
+        return torch.randn(t.shape, generator=gen) * 0.1
+    if t.dim() >= 2:  # linear (out, in), conv (out, in / groups, *kernel)
+        return torch.randn(t.shape, generator=gen) / t[0].numel() ** 0.5
+    raise ValueError(f"no re-randomisation rule for {name} {tuple(t.shape)}")
+
+
+@torch.no_grad()
+def _rerandomise_audio(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed + 4000)  # a stream of its own: text and image tensors stay as without
+    for name, t in sorted(model.state_dict().items()):
+        if name.startswith(("model.audio_tower.", "model.embed_audio.")):
+            t.copy_(_redraw_audio(name, t, gen))
+
+
+def _write_feature_extractor(path: Path, unified: bool) -> None:
+    """The feature extractor's settings under "feature_extractor" in processor_config.json, as transformers' processor
+    saves them (the image processor, when written, keeps preprocessor_config.json)."""
+    extractor = Gemma4UnifiedAudioFeatureExtractor() if unified else Gemma4AudioFeatureExtractor()
+    file = path / "processor_config.json"
+    config = json.loads(file.read_text()) if file.is_file() else {}
+    config["feature_extractor"] = json.loads(extractor.to_json_string())
+    file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 # ---------------------------------------------------------------------------------------------
 # Re-randomisation
 # ---------------------------------------------------------------------------------------------
@@ -364,6 +423,7 @@ def write_target(
     seed: int = 0,
     images: bool = False,
     both_ways: bool | None = None,
+    audio: bool = False,
 ) -> Path:
     """Write a tiny target checkpoint to `path` and return it.
 
@@ -371,6 +431,9 @@ def write_target(
     preprocessor_config.json beside it); the text tensors are those of the same shape without images.
     both_ways: `use_bidirectional_attention` "vision" (True) or null (False); None leaves TF's default (the
     unified text config's is "vision").
+    audio: an audio side (`_tiny_audio_config`: E2B's conformer, or the 12B's frame embedder for the unified shapes)
+    with finite clip bounds, MEDIA_IDS inside the vocabulary and the feature extractor's settings beside it; the
+    text tensors (and with `images` the image tensors) are those without audio. Needs multimodal.
 
     multimodal: `Gemma4ForConditionalGeneration` (model_type gemma4, text under `text_config`, tensors
     `model.language_model.*`, plus a tiny vision tower); else
@@ -383,15 +446,20 @@ def write_target(
         text_config.use_bidirectional_attention = "vision" if both_ways else None
     unified = shape in UNIFIED
     media = dict(vision_config=_image_vision_config(unified), **MEDIA_IDS) if images else {}
+    if audio and not multimodal:
+        raise ValueError("audio=True needs multimodal=True: a bare text file has no audio side")
+    audio_config = _tiny_audio_config(unified) if audio else None
+    if audio:
+        media.update(MEDIA_IDS)
     with torch.random.fork_rng():  # TF's init draws from the global RNG: keep the caller's stream intact
         torch.manual_seed(seed)
         if multimodal and unified:
             config = Gemma4UnifiedConfig(**{"text_config": text_config, "vision_config": _tiny_unified_vision_config(),
-                                            "audio_config": None, **media})
+                                            "audio_config": audio_config, **media})
             model = Gemma4UnifiedForConditionalGeneration(config)
         elif multimodal:
             config = Gemma4Config(**{"text_config": text_config, "vision_config": _tiny_vision_config(),
-                                     "audio_config": None, **media})
+                                     "audio_config": audio_config, **media})
             model = Gemma4ForConditionalGeneration(config)
         else:
             model = (Gemma4UnifiedForCausalLM if unified else Gemma4ForCausalLM)(text_config)
@@ -400,6 +468,8 @@ def write_target(
     _rerandomise(model, prefix, prefix + "norm.weight", HIDDEN, ple, seed)
     if images:
         _rerandomise_vision(model, seed)
+    if audio:
+        _rerandomise_audio(model, seed)
     # The IT releases sample by default; greedy must be asked for explicitly.
     model.generation_config = GenerationConfig(
         bos_token_id=2, pad_token_id=0, eos_token_id=STOP_IDS, do_sample=True, top_k=64, top_p=0.95, temperature=1.0
@@ -409,6 +479,8 @@ def write_target(
         patch, k = IMAGE_PATCH["unified" if unified else "encoder"]
         Gemma4ImageProcessorPil(patch_size=patch, pooling_kernel_size=k,
                                 max_soft_tokens=IMAGE_SOFT_TOKENS).save_pretrained(path)
+    if audio:
+        _write_feature_extractor(path, unified)
     if official_config:
         _officialise_config(path)
     return path

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
-from gemma4.media import Media, Span
+from gemma4 import media
+from gemma4.media import Media, Span, runs
 from gemma4.vision.config import ImageTokens
 
 
@@ -27,33 +28,17 @@ class ImageError(ValueError):
 
 def expand(ids: Sequence[int], sizes: Sequence[int], tokens: ImageTokens) -> list[int]:
     """Ids where each boi marks an image's place (one boi per image, in order) -> boi, its n soft tokens, eoi."""
-    places = [j for j, i in enumerate(ids) if i == tokens.boi]
-    if len(places) != len(sizes):
-        raise ImageError(f"the prompt marks {len(places)} image place(s) (boi id {tokens.boi}) for {len(sizes)} "
+    places = sum(i == tokens.boi for i in ids)
+    if places != len(sizes):
+        raise ImageError(f"the prompt marks {places} image place(s) (boi id {tokens.boi}) for {len(sizes)} "
                          f"image(s): give one boi id per image")
-    out, last = [], 0
-    for j, n in zip(places, sizes):
-        out += list(ids[last:j]) + [tokens.boi] + [tokens.soft] * n + [tokens.eoi]
-        last = j + 1
-    return out + list(ids[last:])
+    return media.expand(ids, tokens.boi, sizes, tokens.soft, tokens.eoi)
 
 
 def place(ids: Sequence[int], vectors: Sequence[torch.Tensor], tokens: ImageTokens) -> tuple[list[int], "PromptImages"]:
     """One prompt whose boi ids mark its images' places -> the prompt with their soft tokens, and its images."""
     full = expand(ids, [len(v) for v in vectors], tokens)
     return full, PromptImages([full], [vectors], tokens)
-
-
-def runs(ids: Sequence[int], soft: int) -> list[tuple[int, int]]:
-    """(start, end) of every run of soft tokens in ids, in order: one per image."""
-    out = []
-    for j, i in enumerate(ids):
-        if i == soft:
-            if out and out[-1][1] == j:
-                out[-1] = (out[-1][0], j + 1)
-            else:
-                out.append((j, j + 1))
-    return out
 
 
 class PromptImages(Media):

@@ -1,0 +1,59 @@
+"""Where a prompt's audio clips sit: their soft tokens, placed as the spans of soft embeddings the loops take.
+
+Facts a reader must know (gemma4/README.md §20):
+- A clip in a prompt is boa, n soft tokens, eoa (the release's processor writes `<|audio|>` so): the soft tokens
+  are a run of n audio ids, replaced by the clip's n vectors (the tower's output after `embed_audio`, one per
+  40 ms). boa and eoa stay ordinary tokens.
+- Audio is causal in the language model: a clip's soft tokens see what comes before them, as text does, never
+  each other both ways (the both-ways rule is for images and video). So a prefill chunk may end inside a clip.
+- `PromptAudio` is a `Media` (gemma4/media.py), as `PromptImages` is: the loops take it as they take images, and
+  `images + audio` is one prompt's both kinds.
+
+Shape legend: n soft tokens, E hidden.
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from gemma4 import media
+from gemma4.audio.config import AudioTokens
+from gemma4.audio.wav import AudioError
+from gemma4.media import Media, Span, runs
+
+
+def expand(ids: Sequence[int], sizes: Sequence[int], tokens: AudioTokens) -> list[int]:
+    """Ids where each boa marks a clip's place (one boa per clip, in order) -> boa, its n soft tokens, eoa."""
+    places = sum(i == tokens.boa for i in ids)
+    if places != len(sizes):
+        raise AudioError(f"the prompt marks {places} audio place(s) (boa id {tokens.boa}) for {len(sizes)} "
+                         f"clip(s): give one boa id per clip")
+    return media.expand(ids, tokens.boa, sizes, tokens.soft, tokens.eoa)
+
+
+def place(ids: Sequence[int], vectors: Sequence[torch.Tensor], tokens: AudioTokens) -> tuple[list[int], "PromptAudio"]:
+    """One prompt whose boa ids mark its clips' places -> the prompt with their soft tokens, and its clips. A prompt
+    with images too: expand its images first (their boi ids), then place the clips on the result."""
+    full = expand(ids, [len(v) for v in vectors], tokens)
+    return full, PromptAudio([full], [vectors], tokens)
+
+
+class PromptAudio(Media):
+    """Every row's clips, placed on its runs of audio ids: row b's i-th run takes its i-th clip, causal."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], vectors: Sequence[Sequence[torch.Tensor]],
+                 tokens: AudioTokens) -> None:
+        if len(prompts) != len(vectors):
+            raise AudioError(f"{len(prompts)} prompts need {len(prompts)} clip lists, got {len(vectors)}")
+        rows = []
+        for b, (ids, clips) in enumerate(zip(prompts, vectors)):
+            spans = runs(ids, tokens.soft)
+            if len(spans) != len(clips):
+                raise AudioError(f"prompt {b} holds {len(spans)} clips' soft tokens but {len(clips)} clips were given")
+            for (start, end), v in zip(spans, clips):
+                if end - start != len(v):
+                    raise AudioError(f"a clip of {len(v)} vectors sits on {end - start} soft tokens at position "
+                                     f"{start} of prompt {b}: the prompt was made for another clip")
+            rows.append([Span(start, v, False) for (start, _), v in zip(spans, clips)])
+        super().__init__(rows)
+        self.tokens = tokens
