@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from gemma4.cache import KVCache
+from gemma4.media import joined
 from gemma4.model import Gemma4Model
 from gemma4.rows import (  # noqa: F401 (PAD, PromptError, check_prompt: importable from here as well)
     PAD, PromptError, Request, check_prompt, check_rows, choose, finish_reason, new_cache, prefill,
@@ -70,11 +71,11 @@ def decode(
     model: Gemma4Model, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
     samplers: Sequence[SamplerConfig | None] | None = None, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
     on_token: Callable[[int, int], None] | None = None, cache: KVCache | None = None,
-    prefill_chunk: int | None = None, images: "Media | None" = None,
+    prefill_chunk: int | None = None, images: "Media | None" = None, audio: "Media | None" = None,
 ) -> list[Generated]:
     """`decode_rows` with budgets, samplers and stop ids given once for all rows or one per row."""
     return decode_rows(model, requests(prompts, max_new_tokens, stop_ids, samplers), on_token, cache, prefill_chunk,
-                       images)
+                       joined(images, audio))
 
 
 def requests(prompts: Sequence[list[int]], budgets: int | Sequence[int], stop_ids: Sequence[int] | Sequence[Sequence[int]],
@@ -92,19 +93,20 @@ def requests(prompts: Sequence[list[int]], budgets: int | Sequence[int], stop_id
 def greedy_generate(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: Sequence[int] = (),
     on_token: Callable[[int], None] | None = None, prefill_chunk: int | None = None, images: "Media | None" = None,
+    audio: "Media | None" = None,
 ) -> list[int]:
     """New tokens, ending with the first stop id (kept) or after max_new_tokens: `decode` of one row, greedy."""
     return sample_generate(model, prompt, max_new_tokens, SamplerConfig(temperature=0), stop_ids, on_token,
-                           prefill_chunk=prefill_chunk, images=images)
+                           prefill_chunk=prefill_chunk, images=images, audio=audio)
 
 
 def sample_generate(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig, stop_ids: Sequence[int] = (),
     on_token: Callable[[int], None] | None = None, cache: KVCache | None = None, prefill_chunk: int | None = None,
-    images: "Media | None" = None,
+    images: "Media | None" = None, audio: "Media | None" = None,
 ) -> list[int]:
     """Like greedy_generate, each token drawn from the warped distribution with keyed noise:
     the same seed gives the same tokens. Temperature 0 is greedy_generate itself."""
     each = None if on_token is None else lambda _, token: on_token(token)
     row = Request(list(prompt), max_new_tokens, tuple(stop_ids), sampler)
-    return decode_rows(model, [row], each, cache, prefill_chunk, images)[0].tokens
+    return decode_rows(model, [row], each, cache, prefill_chunk, joined(images, audio))[0].tokens

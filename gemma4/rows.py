@@ -46,11 +46,9 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
     bad = [i for i in prompt if not 0 <= i < c.vocab_size]
     if bad:
         raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
-    media = [i for i in prompt if i in c.media_token_ids]
-    if media:  # an image's soft tokens are filled by `media` (check_rows hands them over as pads), others never
-        raise PromptError(f"token id {media[0]} " + ("is an image's soft token and no image fills it: give the image "
-                          "(--image, or images=) at one boi id" if media[0] == c.image_token_id else "stands for a "
-                          "video or audio input, which this implementation does not run: remove it"))
+    if media := [i for i in prompt if i in c.media_token_ids]:  # what `media` fills, check_rows hands over as pads
+        raise PromptError(f"token id {media[0]} is a media soft token and nothing fills it: give the image, clip or "
+                          f"frames (--image, --audio, --video-frames) at one boi or boa id, or remove it")
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if len(prompt) >= c.max_position_embeddings:

@@ -6,7 +6,9 @@
   `<bos>`, then (only with a system text or thinking on) `<|turn>system\\n[<|think|>\\n]{system}<turn|>\\n`,
   then every turn as `<|turn>{user|model}\\n{text}<turn|>\\n`, then the generation prompt `<|turn>model\\n`.
   A user turn's images come first, one boi id each, right after `user\\n` (the template writes an image item as
-  `<|image|>`, which the processor expands to boi, soft tokens, eoi; gemma4/README.md §19).
+  `<|image|>`, which the processor expands to boi, soft tokens, eoi; gemma4/README.md §19), then its audio clips,
+  one boa id each (an audio item is `<|audio|>`: boa, soft tokens, eoa; §20). A video, between them, is one
+  video id (`<|video|>`), which gemma4/vision/video.py expands into its timed frames.
   User and system texts are trimmed; an earlier model turn loses every `<|channel>…<channel|>` span
   (its thought: `strip_thought`) and is then trimmed.
 - Typed text stays text: user and system texts are tokenized with special-token parsing off, so a
@@ -33,6 +35,8 @@ from gemma4.config_file import read_json
 
 BOS_ID, THINK_ID, CHANNEL_START_ID, CHANNEL_END_ID, TURN_START_ID, TURN_END_ID = 2, 98, 100, 101, 105, 106
 BOI_ID = 255_999  # <|image>: opens an image (the releases' boi_token_id)
+BOA_ID = 256_000  # <|audio>: opens an audio clip (the releases' boa_token_id)
+VIDEO_ID = 258_884  # <|video|>: marks a video's place (the releases' video_token_id; gemma4/vision/video.py)
 CHANNEL_START, CHANNEL_END = "<|channel>", "<channel|>"
 ROLES = ("user", "model")
 
@@ -42,6 +46,8 @@ class Message:
     role: str  # "user" or "model" (the template's word for the assistant)
     text: str  # as typed, or as the model wrote it (thought included: rendering drops it)
     images: int = 0  # a user turn's images, each written as one boi id before the text (§19 expands them)
+    clips: int = 0  # its audio clips, each one boa id after the images and videos (§20 expands them)
+    videos: int = 0  # its videos, each one video id after the images (§19 expands each into timed frames)
 
 
 def strip_thought(text: str) -> str:
@@ -103,9 +109,10 @@ class Gemma4Tokenizer:
             self.tokenizer.encode_special_tokens = False
 
     def render(self, messages: list[Message], system: str | None = None, think: bool = False,
-               empty_thought: bool = False, boi: int = BOI_ID) -> list[int]:
-        """The conversation's ids, ending with the generation prompt for the next model turn; `boi`: the id
-        that marks each image's place (config.json's boi_token_id)."""
+               empty_thought: bool = False, boi: int = BOI_ID, boa: int = BOA_ID, video: int = VIDEO_ID) -> list[int]:
+        """The conversation's ids, ending with the generation prompt for the next model turn; `boi`, `boa`, `video`:
+        the ids that mark each image's, clip's and video's place (config.json's boi_token_id, boa_token_id and
+        video_token_id)."""
         # Each run of text between two control tokens is tokenized whole, as the tokenizer splits a
         # rendered string at its special tokens: `user\n` and the text form one run.
         newline = self.encode_text("\n")
@@ -120,8 +127,9 @@ class Gemma4Tokenizer:
         for m in messages:
             if m.role not in ROLES:
                 raise ValueError(f"a message's role is 'user' or 'model', got {m.role!r}")
-            if m.role == "user" and m.images:  # the template's image items, first: `<|image|>` each, no space
-                body = self.encode_text("user\n") + [boi] * m.images + self.encode_text(m.text.strip())
+            if m.role == "user" and (m.images or m.videos or m.clips):  # the media items first, one id each
+                media = [boi] * m.images + [video] * m.videos + [boa] * m.clips
+                body = self.encode_text("user\n") + media + self.encode_text(m.text.strip())
             elif m.role == "user":
                 body = self.encode_text(f"user\n{m.text.strip()}")
             else:  # the model's own control tokens are real ones

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gemma4.generate import requests
+from gemma4.media import joined
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.drafter import Drafter
@@ -22,11 +23,14 @@ def speculative_generate_batch(
     draft_length: DraftLength, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
     samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax", prefill_chunk: int | None = None,
     images: "Media | None" = None, on_commit: Callable[[int, list[int], list[bool]], None] | None = None,
+    audio: "Media | None" = None,
 ) -> list[SpecResult]:
     """speculative_generate over B rows; row b's result equals its solo run's (with samplers[b] and `drafting`).
     Every row starts from a copy of draft_length and adapts it on its own rounds; draft_length is left as it is.
-    `on_commit(b, tokens, from_drafter flags)` sees each row's committed blocks."""
+    `on_commit(b, tokens, from_drafter flags)` sees each row's committed blocks; `images`, `audio`: every row's
+    (gemma4.vision.prompt.PromptImages, gemma4.audio.prompt.PromptAudio), rows without any holding none."""
     draft_length.start_call()
     schedules = [copy.deepcopy(draft_length) for _ in prompts]  # `auto`'s estimates included
     rows = requests(prompts, max_new_tokens, stop_ids, samplers, schedules)
-    return speculative_rows(target, drafter, rows, drafting, on_commit, prefill_chunk=prefill_chunk, media=images)
+    return speculative_rows(target, drafter, rows, drafting, on_commit, prefill_chunk=prefill_chunk,
+                            media=joined(images, audio))

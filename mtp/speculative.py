@@ -44,15 +44,17 @@ def speculative_generate(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int, draft_length: DraftLength,
     stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None, drafting: str = "argmax",
     on_commit: Callable[[list[int], list[bool]], None] | None = None, cache: KVCache | None = None,
-    prefill_chunk: int | None = None, images: "Media | None" = None,
+    prefill_chunk: int | None = None, images: "Media | None" = None, audio: "Media | None" = None,
 ) -> SpecResult:
     """`speculative_rows` of one row: greedy with `sampler=None` or temperature 0, else sampling with `drafting`.
     `draft_length` learns across calls; `on_commit(tokens, from_drafter flags)` sees each committed block (for
-    streaming); `cache`: one holding the prompt's first cache.length ids; `prefill_chunk`, `images`: see `prefill`."""
+    streaming); `cache`: one holding the prompt's first cache.length ids; `prefill_chunk`, `images`, `audio`: see
+    `prefill`."""
     draft_length.start_call()
     each = None if on_commit is None else lambda _, tokens, flags: on_commit(tokens, flags)
     row = Request(list(prompt), max_new_tokens, tuple(stop_ids), sampler, draft_length)
-    return speculative_rows(target, drafter, [row], drafting, each, cache, prefill_chunk, images)[0]
+    media = images + audio if images and audio else images or audio  # a prompt's images and clips: one Media
+    return speculative_rows(target, drafter, [row], drafting, each, cache, prefill_chunk, media)[0]
 
 
 @torch.inference_mode()

@@ -13,10 +13,10 @@ a drafter, plain decoding (gemma4/generate.py) without; gemma4/ never imports mt
   a ring of their window plus a slack (gemma4/cache.py): reuse is exact only while the ring still holds the window
   before R (`GrowingCache.holds`, mtp/extras/growing.py). A turn that diverges further back (a thinking block
   dropped from the history, long after it) is prefilled again from position 0, and `Reply.reused` says 0.
-- Images (gemma4/README.md §19): a user turn may carry images, written first in its turn. Their soft tokens
-  are the same ids whatever the image, so reuse also compares the images the cache holds, position by
-  position, and never keeps part of an image (`whole`). Where an image must see itself both
-  ways, a prefill forward holds it whole: a longer image than the cache's slack makes a new cache.
+- Images and audio (gemma4/README.md §19, §20): a user turn may carry images and clips, written first in its turn
+  (images, then clips). Their soft tokens are the same ids whatever the image or clip, so reuse also compares the
+  media the cache holds, position by position, and never keeps part of one (`whole`). Where an image must see
+  itself both ways, a prefill forward holds it whole: a longer image than the cache's slack makes a new cache.
 - The drafter needs no reuse logic: it keeps no cache, and reads the target's K/V and the hidden
   of the newest position, both the turn's prefill's.
 - Keyed sampling draws position n's token from noise keyed by (seed, n), so a turn on a reused
@@ -34,14 +34,19 @@ from dataclasses import dataclass
 import torch
 
 from gemma4.cache import PREFILL_CHUNK, ring_slack
+from gemma4.audio.config import AudioTokens
+from gemma4.audio.prompt import PromptAudio
+from gemma4.audio.prompt import expand as expand_audio
+from gemma4.audio.wav import AudioError
 from gemma4.generate import decode
-from gemma4.media import Media, Span
+from gemma4.media import Media, Span, joined
 from gemma4.model import Gemma4Model
 from gemma4.rows import check_prompt
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
 from gemma4.vision.config import ImageTokens
-from gemma4.vision.prompt import ImageError, PromptImages, place
+from gemma4.vision.prompt import ImageError, PromptImages
+from gemma4.vision.prompt import expand as expand_images
 from mtp.drafter import Drafter
 from mtp.extras.growing import GrowingCache
 from mtp.schedule import DraftLength
@@ -102,10 +107,12 @@ class Conversation:
         self, target: Gemma4Model, tokenizer: Gemma4Tokenizer, drafter: Drafter | None = None,
         system: str | None = None, think: bool = False, stop_ids: Sequence[int] = DEFAULT_STOP_IDS,
         context: int | None = None, prefill_chunk: int | None = None, image_tokens: ImageTokens | None = None,
+        audio_tokens: AudioTokens | None = None,
     ) -> None:
-        """`image_tokens`: the target's image ids (`Vision.tokens`), for turns with images."""
+        """`image_tokens`, `audio_tokens`: the target's image and audio ids (`Vision.tokens`, `Audio.tokens`), for
+        turns with images or clips."""
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.image_tokens = image_tokens
+        self.image_tokens, self.audio_tokens = image_tokens, audio_tokens
         model_context = target.config.max_position_embeddings
         self.context = model_context if context is None else min(context, model_context)  # positions it may hold
         self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
@@ -116,9 +123,10 @@ class Conversation:
             raise ValueError(f"a prefill chunk holds at least 1 position, got {self.prefill_chunk}")
         self.cache = self.new_cache(ring_slack(self.prefill_chunk))
         self.held: list[int] = []  # ids whose K/V sit at positions 0..len-1 of the cache
-        self.held_images: list[Span] = []  # the images among them, where they sit
+        self.held_media: list[Span] = []  # the images and clips among them, where they sit
         self.messages: list[Message] = []
         self.images: list[torch.Tensor] = []  # every image of the messages, in order: (n, E) each
+        self.clips: list[torch.Tensor] = []  # every audio clip of the messages, in order: (n, E) each
         self.turn = 0
 
     def new_cache(self, slack: int) -> GrowingCache:
@@ -128,51 +136,61 @@ class Conversation:
     def reset(self) -> None:
         """Forget the messages. The cache keeps its K/V: they are a function of the ids (and images) alone, so
         the next turn still reuses what it shares with them (`<bos>`, the system turn)."""
-        self.messages, self.images, self.turn = [], [], 0
+        self.messages, self.images, self.clips, self.turn = [], [], [], 0
 
-    def prompt(self, user_text: str, images: Sequence[torch.Tensor] = ()) -> tuple[list[int], PromptImages | None]:
-        """What the next turn would run on: the conversation so far, this user turn (its images first), the
-        generation prompt; and the images on it (None when it holds none)."""
+    def prompt(self, user_text: str, images: Sequence[torch.Tensor] = (),
+               audio: Sequence[torch.Tensor] = ()) -> tuple[list[int], Media | None]:
+        """What the next turn would run on: the conversation so far, this user turn (its images and clips first),
+        the generation prompt; and the media on it (None when it holds none)."""
         if images and self.image_tokens is None:
             raise ImageError("this conversation has no image ids: give Conversation the target's image_tokens")
-        boi = {} if self.image_tokens is None else {"boi": self.image_tokens.boi}
-        ids = self.tokenizer.render(self.messages + [Message("user", user_text, len(images))], self.system,
-                                    self.think, self.empty_thought, **boi)
-        every = self.images + list(images)
-        return place(ids, every, self.image_tokens) if every else (ids, None)
+        if audio and self.audio_tokens is None:
+            raise AudioError("this conversation has no audio ids: give Conversation the target's audio_tokens")
+        marks = {} if self.image_tokens is None else {"boi": self.image_tokens.boi}
+        marks |= {} if self.audio_tokens is None else {"boa": self.audio_tokens.boa}
+        ids = self.tokenizer.render(self.messages + [Message("user", user_text, len(images), len(audio))],
+                                    self.system, self.think, self.empty_thought, **marks)
+        pictures, clips = self.images + list(images), self.clips + list(audio)
+        # Both kinds expanded first, then placed on the final ids: a clip's soft tokens move the images after it.
+        ids = expand_images(ids, [len(v) for v in pictures], self.image_tokens) if pictures else ids
+        ids = expand_audio(ids, [len(v) for v in clips], self.audio_tokens) if clips else ids
+        return ids, joined(PromptImages([ids], [pictures], self.image_tokens) if pictures else None,
+                           PromptAudio([ids], [clips], self.audio_tokens) if clips else None)
 
-    def prompt_ids(self, user_text: str, images: Sequence[torch.Tensor] = ()) -> list[int]:
-        return self.prompt(user_text, images)[0]
+    def prompt_ids(self, user_text: str, images: Sequence[torch.Tensor] = (),
+                   audio: Sequence[torch.Tensor] = ()) -> list[int]:
+        return self.prompt(user_text, images, audio)[0]
 
-    def reusable(self, ids: list[int], images: PromptImages | None) -> int:
-        """How many leading positions of `ids` (with these images) the cache holds K/V for."""
+    def reusable(self, ids: list[int], media: Media | None) -> int:
+        """How many leading positions of `ids` (with these images and clips) the cache holds K/V for."""
         reused = min(common_prefix(ids, self.held), len(ids) - 1)
-        now = images.rows[0] if images else []
-        for held, new in zip(self.held_images, now):  # soft ids match whatever the image: compare the vectors
+        now = media.rows[0] if media else []
+        for held, new in zip(self.held_media, now):  # soft ids match whatever the media: compare the vectors
             if held.start != new.start or not torch.equal(held.vectors, new.vectors):
                 reused = min(reused, held.start, new.start)
                 break
-        if len(self.held_images) > len(now):  # an image held where the new prompt has text
-            reused = min(reused, self.held_images[len(now)].start)
-        return whole(images, reused) if images else reused
+        if len(self.held_media) > len(now):  # an image or clip held where the new prompt has text
+            reused = min(reused, self.held_media[len(now)].start)
+        return whole(media, reused) if media else reused
 
     def say(
         self, user_text: str, max_new_tokens: int = 256, sampler: SamplerConfig = GREEDY,
         draft_length: DraftLength | None = None, drafting: str = "argmax",
         stop_ids: Sequence[int] | None = None, ignore_eos: bool = False, on_commit: OnCommit | None = None,
-        images: Sequence[torch.Tensor] = (),
+        images: Sequence[torch.Tensor] = (), audio: Sequence[torch.Tensor] = (),
     ) -> Reply:
         """One user turn and the model's reply, which joins the conversation.
 
         `sampler` greedy (temperature 0) or sampling; with a drafter, `draft_length` (K and the
         schedule; default the conversation's own) and `drafting` ("argmax" or "sample") as in
         `speculative_generate`. `stop_ids`: default the conversation's; `ignore_eos` stops on none.
-        `images`: this turn's images, (n, E) vectors each (`Vision.read`), written before its text.
+        `images`, `audio`: this turn's images and clips, (n, E) vectors each (`Vision.read`, `Audio.read`),
+        written before its text.
         Raises ContextFull when the conversation cannot fit one more token, ValueError on bad
         settings; either way the conversation is as before the call.
         """
         start = time.perf_counter()
-        ids, every = self.prompt(user_text, images)
+        ids, every = self.prompt(user_text, images, audio)
         if len(ids) + 1 > self.context:
             raise ContextFull(len(ids) + 1, self.context)
         max_new_tokens = min(max_new_tokens, self.context - len(ids))  # the loops stop only at the model's context
@@ -189,7 +207,7 @@ class Conversation:
         # hold the K/V of sequence = ids + the reply so far: the loops move `length` only past K/V
         # they wrote for it (a stop id may cut the last block short of `length`).
         self.cache.length, self.held = torch.tensor([reused]), ids[:reused]
-        self.held_images = [im for im in self.held_images if im.end <= reused]
+        self.held_media = [s for s in self.held_media if s.end <= reused]
         shown: list[int] = []
         first: list[float] = []
 
@@ -219,15 +237,18 @@ class Conversation:
         sequence = ids + tokens
         self.held = sequence[:min(int(self.cache.length[0]), len(sequence))]
         self.cache.length = torch.tensor([len(self.held)])
-        self.held_images = [im for im in (every.rows[0] if every else []) if im.end <= len(self.held)]
+        self.held_media = [s for s in (every.rows[0] if every else []) if s.end <= len(self.held)]
         # The model's turn as the template stores it: its text with its control tokens (a thought
         # is dropped when the next turn is rendered), without the stop id that closed it.
         body = tokens[:-1] if finish_reason == "stop" else tokens
         media = set(self.target.config.media_token_ids)
         media |= {self.image_tokens.boi, self.image_tokens.eoi} if self.image_tokens else set()
-        body = [t for t in body if t not in media]  # a generated media id carries no image: left out of the history
-        self.messages += [Message("user", user_text, len(images)), Message("model", self.tokenizer.decode(body))]
+        media |= {self.audio_tokens.boa, self.audio_tokens.eoa} if self.audio_tokens else set()
+        body = [t for t in body if t not in media]  # a generated media id carries no media: left out of the history
+        self.messages += [Message("user", user_text, len(images), len(audio)),
+                          Message("model", self.tokenizer.decode(body))]
         self.images += list(images)
+        self.clips += list(audio)
         self.turn += 1
         return Reply(self.turn, ids, reused, len(ids) - reused, tokens,
                      self.tokenizer.decode(tokens, skip_special_tokens=True), finish_reason, stats, seconds,

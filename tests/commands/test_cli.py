@@ -163,12 +163,12 @@ def test_a_12b_target_runs_and_refuses_media_tokens(tmp_path: Path, capsys: pyte
     config["image_token_id"] = 500
     (target / "config.json").write_text(json.dumps(config))
     status, out, err = run_inprocess(capsys, ["--target", str(target), "--no-assistant", "--prompt-ids", "2,105,500,7"])
-    assert_one_line_failure(status, out, err, "token id 500 is an image's soft token and no image fills it")
+    assert_one_line_failure(status, out, err, "token id 500 is a media soft token and nothing fills it")
     config["audio_token_id"] = 501
     (target / "config.json").write_text(json.dumps(config))
     status, out, err = run_inprocess(capsys, ["--target", str(target), "--no-assistant", "--prompt-ids", "2,105,501,7"])
-    assert_one_line_failure(status, out, err, "token id 501 stands for a video or audio input, which this "
-                                              "implementation does not run")
+    assert_one_line_failure(status, out, err, "token id 501 is a media soft token and nothing fills it: give the "
+                                              "image, clip or frames")
 
 
 def test_stream_marks_drafts_and_matches_json(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:

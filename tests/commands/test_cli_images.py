@@ -113,7 +113,7 @@ def test_refusals_are_one_line(case: str, files: dict[str, Path], tmp_path: Path
         "budget-value": (["--image", tall, "--image-tokens", "100"], "invalid choice: 100"),
         "no-pillow": (["--image", tall], 'reading images needs Pillow: pip install -e ".[images]"'),
         "audio": (["--image", tall, "--prompt-ids", f"2,{BOI},{MEDIA_IDS['audio_token_id']}"],
-                  f"token id {MEDIA_IDS['audio_token_id']} stands for a video or audio input"),
+                  f"token id {MEDIA_IDS['audio_token_id']} is a media soft token and nothing fills it"),
         "processor": (["--image", tall], "the image processor's patch_size is 16, its vision_config's 4"),
     }[case]
     if case in ("context", "processor"):  # a copy of the target with one file changed
