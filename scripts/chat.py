@@ -10,11 +10,12 @@
   Ctrl-C stops a reply and keeps what was shown as the model's turn; Ctrl-C at the prompt drops the
   line and says how to leave, a second one in a row leaves, as does Ctrl-D or `/exit` (status 0).
   Without a terminal on stdin the same lines are read, without prompts.
-- `/image PATH` (a multimodal target) reads the image at once and sends it with the next message, before
-  its text, as the release's chat template places images (scripts/cli/images.py); the tower is loaded at
-  the first one. A file it cannot read is one line ("not attached: ...") and the conversation goes on.
+- `/image PATH` and `/audio PATH` (a target that sees or hears) read the image or the WAV clip at once and send
+  it with the next message, before its text (images, then clips), as the release's chat template places them
+  (scripts/cli/media.py); the side is loaded at its first one. A file it cannot read is one line ("not attached:
+  ...") and the conversation goes on.
 - `--json`: stdin lines are user turns, stdout one JSON object per turn on one line, nothing else
-  (`{"error": ...}` in the place of a turn that does not fit the context, or of an image not attached).
+  (`{"error": ...}` in the place of a turn that does not fit the context, or of an image or clip not attached).
 - A model without a chat template (the demo, a model of Python source) still chats: Gemma 4's
   turns are written by id, and its vocabulary holds the control tokens. The header says it never saw
   chat turns, so its replies are continuations of code, not answers.
@@ -41,6 +42,10 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
+    from cli.media import read_clip
+    from gemma4.audio.config import AudioTokens, audio_config, audio_tokens
+    from gemma4.audio.loading import Audio, load_audio
+    from gemma4.audio.wav import AudioError
     from gemma4.config_file import read_json
     from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer
     from gemma4.vision.config import ImageTokens, image_tokens, vision_config
@@ -54,7 +59,7 @@ FENCE = '"""'  # a line holding only this opens and closes a multi-line message
 COMPILED_CONTEXT = 8192  # --compile's default context: its static cache is read whole by every compiled step
 HELP = f"""\
 type a message and Enter; a line {FENCE} opens and closes a message of several lines
-/image PATH adds an image to your next message (a multimodal target), /reset starts over,
+/image PATH or /audio PATH (a WAV file) adds an image or a clip to your next message, /reset starts over,
 /stats shows the last turn's figures, /exit or Ctrl-D leaves; Ctrl-C stops a reply"""
 
 
@@ -157,10 +162,10 @@ class Session:
     sinks: list[Sink]  # where a reply streams (none with --json)
     json_output: bool
     say: Callable[[str], None]  # a line on stderr (nowhere with --json)
-    images: Callable[[str], torch.Tensor]  # /image: a path -> its vectors, or an ImageError
+    read: dict[str, Callable[[str], torch.Tensor]]  # /image, /audio: a path -> its vectors, or an Image/AudioError
     last: Reply | None = None
     clock: RoundClock | None = None  # the last turn's: its rounds' seconds
-    pending: list[torch.Tensor] = field(default_factory=list)  # the next message's images, from /image
+    pending: dict[str, list[torch.Tensor]] = field(default_factory=lambda: {"/image": [], "/audio": []})
     eager: int | None = None  # --compile: the last turn's rounds whose step ran uncompiled
 
     def turn(self, text: str) -> None:
@@ -171,7 +176,7 @@ class Session:
         try:
             reply = self.conversation.say(text, self.max_new_tokens, self.target.sampler, a and a.draft_length,
                                           a.drafting if a else "argmax", on_commit=clock,
-                                          images=self.pending)
+                                          images=self.pending["/image"], audio=self.pending["/audio"])
         except ContextFull as e:  # the conversation is unchanged and goes on
             if self.json_output:  # an object in the turn's place: a script reading a line per turn stays in step
                 print(json.dumps({"error": str(e)}), flush=True)
@@ -181,7 +186,7 @@ class Session:
             stream.finish()
             self.say("(interrupted)\n")
             return
-        self.last, self.clock, self.pending = reply, clock, []
+        self.last, self.clock, self.pending = reply, clock, {"/image": [], "/audio": []}
         self.eager = None if before is None else self.conversation.target.eager_steps - before
         if self.json_output:
             print(json.dumps(reply_json(reply, clock, a and a.draft_length, self.eager)), flush=True)
@@ -191,30 +196,32 @@ class Session:
             self.say(f"(stopped after {len(reply.tokens)} tokens: the text above is kept as the model's turn)")
         self.say("")
 
-    def attach(self, path: str) -> None:
-        """/image PATH: read the image now (a bad file is said at once), send it with the next message."""
+    def attach(self, command: str, path: str) -> None:
+        """/image PATH, /audio PATH: read the file now (a bad one is said at once), send it with the next message."""
+        kind = "image" if command == "/image" else "clip"
+        pending = self.pending[command]
         try:
             if not path:
-                raise ImageError("/image needs a path: /image photo.jpg")
-            self.pending.append(self.images(path))
-        except ImageError as e:
+                raise UsageError(f"{command} needs a path: {command} {'photo.jpg' if kind == 'image' else 'speech.wav'}")
+            pending.append(self.read[command](path))
+        except (UsageError, ImageError, AudioError) as e:
             if self.json_output:  # an object in the place of what did not happen
                 print(json.dumps({"error": str(e)}), flush=True)
             self.say(f"not attached: {e}\n")
             return
-        n = len(self.pending)
-        self.say(f"-- {Path(path).name}: {len(self.pending[-1])} image tokens; {n} image{'s go' if n > 1 else ' goes'} "
-                 f"with your next message\n")
+        n = len(pending)
+        self.say(f"-- {Path(path).name}: {len(pending[-1])} {'image' if kind == 'image' else 'audio'} tokens; {n} "
+                 f"{kind}{'s go' if n > 1 else ' goes'} with your next message\n")
 
     def command(self, line: str) -> bool:
         """Run `line` if it is a command (/exit is the caller's); False if it is a message."""
         if line == "/reset":
             self.conversation.reset()
-            self.pending = []
+            self.pending = {"/image": [], "/audio": []}
             self.say("-- the conversation starts over\n")
             return True
-        if line.split(maxsplit=1)[0] == "/image":
-            self.attach(line.split(maxsplit=1)[1].strip() if len(line.split()) > 1 else "")
+        if line.split(maxsplit=1)[0] in ("/image", "/audio"):
+            self.attach(line.split(maxsplit=1)[0], line.split(maxsplit=1)[1].strip() if len(line.split()) > 1 else "")
             return True
         if self.json_output or not line.startswith("/") or len(line.split()) > 1:
             return False
@@ -244,6 +251,7 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     tokenizer = chat_tokenizer(target, think)
     raw = read_json(target.dir / "config.json")
     tokens: ImageTokens | None = image_tokens(raw) if vision_config(raw) else None  # None: text only
+    hears: AudioTokens | None = audio_tokens(raw) if audio_config(raw) else None  # None: no audio side
     if flags.image_tokens is not None and (tokens is None or flags.compile):
         refuse("--image-tokens", f"it sizes /image's images, and {target.name} takes none"
                                  f"{' with --compile' if tokens else ' (no vision tower)'}")
@@ -273,7 +281,7 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     model, drafter = ((compiled.target, compiled.drafter) if compiled else
                       (target.model, assistant and assistant.drafter))
     conversation = Conversation(model, tokenizer, drafter, system, think, target.stops, context, flags.prefill_chunk,
-                                tokens)
+                                tokens, hears)
     if compiled:
         conversation.cache = compiled.cache
     vision: list[Vision] = []  # the image side, read at the first /image: a text-only chat never loads it
@@ -286,7 +294,18 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
             vision.append(load_vision(target.dir, dtype, dev))
         return vision[0].read(path, flags.image_tokens)
 
-    session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say, read)
+    audio: list[Audio] = []  # the audio side, read at the first /audio
+
+    def hear(path: str) -> torch.Tensor:
+        if hears is None or compiled:
+            raise AudioError(f"{target.name} takes no audio: " + ("--compile's static steps run text only" if hears
+                             else "its config.json has no audio_config (audio needs E2B, E4B or the 12B)"))
+        if not audio:
+            audio.append(load_audio(target.dir, dtype, dev))
+        return read_clip(audio[0], path, lambda line: print(line, file=sys.stderr))  # a note, --json or not
+
+    session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say,
+                      {"/image": read, "/audio": hear})
     warm_up(target.model, assistant, room)  # every step's shapes once, so one-time costs are not charged to turn 1
     lines = Lines(source, prompt)
     interrupted = False  # the last thing at the prompt was a Ctrl-C
@@ -324,9 +343,9 @@ COMMANDS = f"""\
 in the conversation:
 {HELP}
 Ctrl-C at the prompt drops the line; a second Ctrl-C in a row leaves. --max-new-tokens counts per turn.
---json: stdin lines are user turns (a line /reset resets, /image PATH adds an image, /exit leaves); stdout
-gets one JSON object per turn on one line: turn, prompt_ids, reused, prefilled, tokens, text, finish_reason,
-stats (an image not attached: {{"error": ...}})."""
+--json: stdin lines are user turns (a line /reset resets, /image PATH adds an image, /audio PATH a clip, /exit
+leaves); stdout gets one JSON object per turn on one line: turn, prompt_ids, reused, prefilled, tokens, text,
+finish_reason, stats (an image or clip not attached: {{"error": ...}})."""
 
 
 def parser() -> Parser:

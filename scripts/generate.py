@@ -6,8 +6,9 @@
 - Decoding follows the target's generation_config.json unless told otherwise: greedy gives the
   target's own greedy output (exactly so in float32; see README.md for bfloat16); sampling with the
   default `argmax` drafting gives plain sampling's output with the same `--seed`, token for token.
-- `--image PATH` (repeatable) puts images in the prompt of a multimodal target: a chat turn holds them before
-  its text; with `--prompt-ids` one boi id marks each image's place (scripts/cli/images.py).
+- `--image PATH` and `--audio PATH` (repeatable) and `--video-frames DIR` (with `--fps`) put media in the prompt
+  of a multimodal target: a chat turn holds its images, video and clips before its text; with `--prompt-ids` one
+  boi id marks each image's place, one video id the video's, one boa id each clip's (scripts/cli/media.py).
 - stdout carries the generated text and nothing else; the header, the statistics and (when stdout is
   not a terminal) the text with its draft marks go to stderr. `--json` prints one JSON object on
   stdout instead, and keeps stderr quiet.
@@ -29,7 +30,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
 
     from cli.batch import run_batch, split_prompts
     from cli.clock import RoundClock
-    from cli.images import load_images, place
+    from cli.media import Given, place, read_media
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
         add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
@@ -39,7 +40,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.stream import Stream, text_sinks
     from gemma4.generate import decode, sample_generate
     from gemma4.rows import check_prompt
-    from gemma4.tokenizer import BOI_ID, BOS_ID, THINK_ID, Message
+    from gemma4.tokenizer import BOS_ID, THINK_ID
     from mtp import speculative_generate
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
@@ -64,20 +65,26 @@ def shorten(text: str, width: int = 60) -> str:
 def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] | None = None, raw: bool = False,
          compare: bool = False, json_output: bool = False, batch: list[str] | list[list[int]] | None = None,
          demo_target: Path = DEMO_TARGET, images: list[str] | None = None, system: str | None = None,
-         think: bool = False) -> int:
+         think: bool = False, audio: list[str] | None = None, video_frames: str | None = None,
+         fps: float | None = None) -> int:
     """Run one generation (or one batch) and print it; returns the exit status (0, or 130 after Ctrl-C)."""
     check_values(flags)
-    images = images or []
+    images, audio = images or [], audio or []
     if flags.image_tokens is not None and not images:
         refuse("--image-tokens", "it sizes the images of --image, and none is given")
-    if images and raw:
-        raise UsageError("--image with --raw: raw text has no place for an image; drop --raw (the chat template "
-                         "places it), or give --prompt-ids with one boi id where each image goes")
-    if images and batch:
-        raise UsageError("--image goes with one prompt: give one --prompt (a batch with images per row is "
-                         "speculative_generate_batch(images=...) from Python)")
-    if images and flags.compile:
-        raise UsageError("--image runs eagerly: --compile's static steps take text only; drop one of the two")
+    if fps is not None and video_frames is None:
+        refuse("--fps", "it times the frames of --video-frames, and none are given")
+    if fps is not None and not fps > 0:
+        raise UsageError(f"--fps must be above 0 (the rate the frames were extracted at), got {fps:g}")
+    kinds = [flag for flag, on in (("--image", images), ("--video-frames", video_frames), ("--audio", audio)) if on]
+    if kinds and raw:
+        raise UsageError(f"{kinds[0]} with --raw: raw text has no place for media; drop --raw (the chat template "
+                         f"places them), or give --prompt-ids with one boi, video or boa id where each goes")
+    if kinds and batch:
+        raise UsageError(f"{kinds[0]} goes with one prompt: give one --prompt (a batch with media per row is "
+                         f"speculative_generate_batch(images=..., audio=...) from Python)")
+    if kinds and flags.compile:
+        raise UsageError(f"{kinds[0]} runs eagerly: --compile's static steps take text only; drop one of the two")
     if batch:  # the first row goes through every check of a single prompt
         prompt, prompt_ids = (batch[0], None) if isinstance(batch[0], str) else (None, batch[0])
     if (prompt is not None and not prompt.strip()) or prompt_ids == []:
@@ -121,9 +128,10 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     if think and target.tokenizer is not None and target.tokenizer.tokenizer.token_to_id("<|think|>") != THINK_ID:
         refuse("--think", f"{target.dir}/tokenizer.json has no <|think|> token {THINK_ID}")
 
-    def turn(text: str, images: int = 0, boi: int = BOI_ID) -> list[int]:
-        """One user turn, as the template writes it: the system message, thinking, the images first."""
-        return target.tokenizer.render([Message("user", text, images)], system, think, target.empty_thought, boi)
+    def turn(text: str, media: Given | None = None) -> list[int]:
+        """One user turn, as the template writes it: the system message, thinking, the media first."""
+        media = media or Given()
+        return target.tokenizer.render([media.message(text)], system, think, target.empty_thought, **media.marks())
 
     def encode(text: str) -> list[int]:
         if target.tokenizer is None:
@@ -133,13 +141,15 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     if prompt is None and prompt_ids is None:
         prompt = CHAT_PROMPT if target.chat else CODE_PROMPT
     context = target.model.config.max_position_embeddings
-    pictures = None  # the prompt's images, placed on its soft tokens
-    if images:  # the tower is read only now: a text-only run never loads it
-        vision, vectors = load_images(target.dir, images, flags.image_tokens, dev, dtype, say)
-        if prompt_ids is None:  # the images first: a chat turn's (the template's place), else right after <bos>
-            prompt_ids = ([BOS_ID] + [vision.tokens.boi] * len(images) + encode(prompt)[1:] if as_is else
-                          turn(prompt, len(images), vision.tokens.boi))
-        prompt_ids, pictures = place(vision, prompt_ids, vectors, context)
+    pictures = None  # the prompt's media, placed on its soft tokens
+    if kinds:  # a side is read only now: a text-only run never loads one
+        if video_frames and target.tokenizer is None:
+            raise UsageError(f"--video-frames writes each frame's time as text: {target.dir} needs its tokenizer.json")
+        media = read_media(target.dir, images, audio, video_frames, fps or 1.0, flags.image_tokens, dev, dtype, say,
+                           lambda line: say(line, note=True))
+        if prompt_ids is None:  # the media first: a chat turn's (the template's place), else right after <bos>
+            prompt_ids = [BOS_ID] + media.after_bos() + encode(prompt)[1:] if as_is else turn(prompt, media)
+        prompt_ids, pictures = place(media, prompt_ids, target.tokenizer, context)
     if prompt_ids is None:
         prompt_ids = encode(prompt)
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
@@ -155,7 +165,9 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     max_new_tokens = budgets[0]
     how = "as given" if prompt is None else "raw" if as_is else "chat template"
     shown = f"{shorten(prompt)}, " if prompt is not None else ""
-    with_images = f", {len(images)} image{'s' if len(images) > 1 else ''} included" if images else ""
+    counts = [f"{n} {kind}{'s' if n > 1 else ''}" for n, kind in ((len(images), "image"), (int(bool(video_frames)), "video"),
+                                                                   (len(audio), "clip")) if n]
+    with_images = f", {' and '.join(counts)} included" if counts else ""
     say(f"prompt     {shown}{len(prompt_ids)} tokens ({how}{with_images})"
         + (f", the first of {len(batch)} rows" if batch else ""))
     assistant = load_assistant_from(flags, target, dev, dtype, say)
@@ -225,8 +237,13 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
                            "seed": sampler.seed, "drafting": drafting}}
     if compiled:
         result["compile"] = {"warm_up_seconds": compiled.seconds}
-    if pictures:
-        result["images"] = [{"path": p, "tokens": len(im.vectors)} for p, im in zip(images, pictures.rows[0])]
+    if images:  # each medium's soft tokens
+        result["images"] = [{"path": p, "tokens": len(v)} for p, v in zip(images, media.images)]
+    if video_frames:
+        result["video"] = {"path": video_frames, "frames": media.video.timestamps,
+                           "tokens": sum(len(v) for v in media.video.vectors)}
+    if audio:
+        result["audio"] = [{"path": p, "tokens": len(v)} for p, v in zip(audio, media.clips)]
 
     status = 0
     if compare:
@@ -291,6 +308,16 @@ def parser() -> Parser:
                    help="an image for the prompt (PNG, JPEG, WebP, GIF, BMP; needs a multimodal target and "
                         "pip install -e \".[images]\"); several: in order. A chat turn holds them before its text; "
                         "with --prompt-ids one boi id marks each image's place")
+    p.add_argument("--audio", metavar="PATH", action="append",
+                   help="an audio clip for the prompt (WAV, PCM; another rate is resampled to 16 kHz; E2B, E4B and "
+                        "the 12B hear, E2B/E4B the first 30 s); several: in order. A chat turn holds them after its "
+                        "images, before its text; with --prompt-ids one boa id marks each clip's place")
+    p.add_argument("--video-frames", metavar="DIR",
+                   help="a video as its frames: the image files in DIR, in name order (extract them first, e.g. "
+                        "ffmpeg -i clip.mp4 -vf fps=1 DIR/%%04d.png); at most 32 kept, uniformly, each with its "
+                        "mm:ss; with --prompt-ids one video id marks its place")
+    p.add_argument("--fps", type=float, metavar="RATE",
+                   help="the rate --video-frames' frames were extracted at, for their timestamps (default: 1)")
     p.add_argument("--system", metavar="TEXT",
                    help="a system message before the prompt's user turn (a chat model's template writes it)")
     p.add_argument("--think", action="store_true",
@@ -312,7 +339,8 @@ def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
         prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file)
         return main(flags=ModelFlags.parsed(args), prompt=prompt, prompt_ids=prompt_ids, raw=args.raw,
                     compare=args.compare, json_output=args.json_output, batch=batch, demo_target=demo_target,
-                    images=args.image, system=args.system, think=args.think)
+                    images=args.image, system=args.system, think=args.think, audio=args.audio,
+                    video_frames=args.video_frames, fps=args.fps)
     return guarded(run)
 
 

@@ -42,13 +42,14 @@ from gemma4.rows import PromptError
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES
+from gemma4.audio.wav import AudioError
 from gemma4.vision.prompt import ImageError
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
 from mtp.speculative import DRAFTING, target_kv
 
-from cli.images import IMAGE_TOKENS_HELP
+from cli.media import IMAGE_TOKENS_HELP
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -75,7 +76,7 @@ class UsageError(ValueError):
 # What a user can get wrong, each raised with a message that says what to change: the command line, a
 # checkpoint's files, a prompt the model cannot run. They subclass ValueError, so that a library caller's
 # `except ValueError` keeps working; any other ValueError is a bug, and keeps its traceback.
-USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError, ImageError)
+USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError, ImageError, AudioError)
 
 
 class Parser(argparse.ArgumentParser):

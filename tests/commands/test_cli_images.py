@@ -108,7 +108,7 @@ def test_refusals_are_one_line(case: str, files: dict[str, Path], tmp_path: Path
         "compile": (["--image", tall, "--compile"], "--image runs eagerly"),
         "batch": (["--image", tall, "--prompt", "a", "--prompt", "b"], "--image goes with one prompt"),
         "places": (["--image", tall, "--prompt-ids", "2,10,11"], "marks 0 image place(s) (boi id 505) for 1 image(s)"),
-        "context": (["--image", tall, "--image", tall], "of them image tokens, and the context holds 100"),
+        "context": (["--image", tall, "--image", tall], "of them media tokens, and the context holds 100"),
         "budget-alone": (["--image-tokens", "140"], "--image-tokens has no effect here"),
         "budget-value": (["--image", tall, "--image-tokens", "100"], "invalid choice: 100"),
         "no-pillow": (["--image", tall], 'reading images needs Pillow: pip install -e ".[images]"'),
@@ -138,7 +138,7 @@ def test_refusals_are_one_line(case: str, files: dict[str, Path], tmp_path: Path
 
 def test_image_in_a_terminal_chat(files: dict[str, Path], request: pytest.FixtureRequest) -> None:
     term: Terminal = request.getfixturevalue("terminal")(["--target", str(files["target"]), "--max-new-tokens", "6", "--temperature", "0"])
-    assert "/image PATH adds an image" in term.until("\n>>> ")
+    assert "/image PATH or /audio PATH (a WAV file) adds an image or a clip" in term.until("\n>>> ")
     term.send(f"/image {files['tall']}\r")
     assert "-- tall.png: 65 image tokens; 1 image goes with your next message" in term.until("\n>>> ")
     term.send("What is it?\r")
