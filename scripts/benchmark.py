@@ -38,6 +38,10 @@ Sections (`--only a,b`):
   positions, every position kept against the sliding layers' rings; peak RSS of a prefill on random E2B- and
   31B-geometry targets, chunked against one forward; decode and speculative tokens/s after 1k-16k prompts
   (`--context-small` shrinks it for the tests; `--context-before-max` caps the one-forward prefills).
+- `audio` (scripts/bench/audio.py), only when named: E2B's audio tower + embed_audio (random weights of the real
+  geometry) encoding a 30 s clip (`--audio-seconds`), bfloat16 and float32: log-mel features and tower times,
+  soft tokens per second and seconds of audio encoded per second, the peak resident memory of one encode in a
+  fresh process beside the weights' bytes (`--audio-reps`; `--audio-small` shrinks it for the tests).
 The demo section also counts host reads (scripts/bench/syncs.py) per plain decode step and speculative round.
 
 Timing: a shared machine is noisy, so every number comes from this one run. Each repetition runs every
@@ -65,6 +69,7 @@ from typing import Any
 
 import torch
 
+from bench.audio import audio_section, audio_table
 from bench.batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section
 from bench.context import context_goals, context_section, context_table
 from bench.costs import MAX_K, bandwidth_section, cost_section  # noqa: F401 (MAX_K: the tests read it here)
@@ -84,7 +89,7 @@ from gemma4.fast import kernels_of
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate
 
 SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling", "schedule")
-ON_REQUEST = ("device", "context")  # run only when --only names them
+ON_REQUEST = ("device", "context", "audio")  # run only when --only names them
 DEMO = Path(__file__).resolve().parent / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -174,7 +179,8 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
          e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool,
          sampling_vocab: int = FULL_VOCAB, device: str = "cpu", device_dir: Path = DEVICE_DIR,
          device_small: bool = False, device_compile: bool = False, context_small: bool = False,
-         context_before_max: int | None = None, out_dir: Path | None = None) -> dict:
+         context_before_max: int | None = None, out_dir: Path | None = None, audio_seconds: float = 30.0,
+         audio_reps: int = 3, audio_small: bool = False) -> dict:
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {threads} torch threads, "
                                          f"torch {torch.__version__}, float32 unless stated"}
@@ -259,6 +265,10 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
         say(f"context: cache bytes, prefill peaks and decode speed{' (small)' if context_small else ''}")
         result["context"] = context_section(e2b_dir, target_dir, assistant_dir, k or assistant_k(assistant_dir),
                                             context_small, context_before_max, threads, timed, say)
+    if "audio" in sections:  # scripts/bench/audio.py
+        result["audio"] = audio_section(audio_seconds, audio_reps, audio_small, threads, clock, say)
+        if clock.cuda:
+            skipped["audio memory"] = f"the host's resident memory of an encode: {ON_CPU_ONLY}"
     if clock.cuda and {"demo", "bench", "e2b", "bandwidth", "bf16"} & set(sections):
         skipped["packed products"] = f"oneDNN's packed weights: {ON_CPU_ONLY}"
     if skipped:
@@ -322,6 +332,10 @@ if __name__ == "__main__":
     p.add_argument("--context-small", action="store_true", help="the context section at tiny sizes, for the tests")
     p.add_argument("--context-before-max", type=int, default=2048, help="the context section runs the one-forward "
                    "prefill (quadratic in the prompt) only for prompts up to this many positions")
+    p.add_argument("--audio-seconds", type=float, default=30.0, help="the audio section's clip (at most 30: the "
+                   "most the tower reads)")
+    p.add_argument("--audio-reps", type=int, default=3, help="timed repetitions in the audio section")
+    p.add_argument("--audio-small", action="store_true", help="the audio section at a tiny geometry, for the tests")
     a = p.parse_args()
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS + ON_REQUEST))
@@ -335,6 +349,7 @@ if __name__ == "__main__":
                reps=a.reps, e2b_reps=a.e2b_reps, k=a.k, e2b_dir=a.e2b_dir, threads=a.threads, copy_mib=a.copy_mib,
                use_transformers=not a.no_transformers, sampling_vocab=a.sampling_vocab, device=a.device,
                device_dir=a.device_dir, device_small=a.device_small, device_compile=a.device_compile,
-               context_small=a.context_small, context_before_max=a.context_before_max, out_dir=a.out)
+               context_small=a.context_small, context_before_max=a.context_before_max, out_dir=a.out,
+               audio_seconds=a.audio_seconds, audio_reps=a.audio_reps, audio_small=a.audio_small)
     print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out) + device_table(out)
-          + context_table(out) + "\n".join(schedule_lines(out.get("schedule"))))
+          + context_table(out) + "\n".join(schedule_lines(out.get("schedule"))) + audio_table(out))

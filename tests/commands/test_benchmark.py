@@ -257,3 +257,32 @@ def test_decode_bytes_reads_the_routed_experts_only(models) -> None:  # noqa: AN
                   for p in (layer.experts.gate_up_proj, layer.experts.down_proj))
     assert 0 < c.top_k_experts < c.num_experts and experts
     assert decode_bytes(target) == every - experts * (c.num_experts - c.top_k_experts) // c.num_experts
+
+
+def test_audio_section_small(tmp_path: Path) -> None:
+    """The audio section (scripts/bench/audio.py) at --audio-small sizes on a 2 s clip: 25 soft tokens a second of
+    audio, both dtypes timed and their figures consistent, one encode's peak memory measured in a fresh process."""
+    from bench import audio
+    result = benchmark.main(sections=["audio"], target_dir=tmp_path, assistant_dir=tmp_path, tokens=4, e2b_tokens=4,
+                            reps=1, e2b_reps=1, k=None, e2b_dir=tmp_path, threads=1, copy_mib=4,
+                            use_transformers=False, audio_seconds=2, audio_reps=1, audio_small=True)
+    a = json.loads(json.dumps(result))["audio"]
+    assert "audio" in benchmark.ON_REQUEST and "audio" not in benchmark.SECTIONS  # only when named
+    assert a["soft_tokens"] == 50 and a["soft_tokens_per_audio_s"] == 25 and a["clip_seconds"] == 2
+    assert a["geometry"] == "small" and a["features_s"] > 0 and a["reps"] == 1
+    assert set(a["dtypes"]) == {"bfloat16", "float32"} and set(a["memory"]) == {"bfloat16", "float32"}
+    for name, r in a["dtypes"].items():
+        assert r["vectors"] == [50, a["config"]["text_hidden_size"]] and r["finite"] is True, name
+        assert r["encode_s"] == pytest.approx(a["features_s"] + r["tower_s"]) and r["tower_s"] > 0
+        assert r["audio_s_per_s"] == pytest.approx(2 / r["encode_s"])
+        assert r["soft_tokens_per_s"] == pytest.approx(50 / r["encode_s"])
+        m = a["memory"][name]
+        assert m["soft_tokens"] == 50 and m["weights_mib"] * 2**20 == r["weights_bytes"] and m["encode_peak_mib"] >= 0
+    assert a["dtypes"]["float32"]["weights_bytes"] == 2 * a["dtypes"]["bfloat16"]["weights_bytes"]
+    real = audio.geometry(small=False)  # E2B's: the values gemma4/audio/tower.py's docstring counts
+    assert sum(torch.Size(s).numel() for s in audio.weight_table(real).values()) == 304_825_088
+    assert (real.hidden_size, real.num_layers, real.output_proj_dims, real.text_hidden_size) == (1024, 12, 1536, 1536)
+    printed = benchmark.audio_table(result)
+    assert "== audio: the small audio tower" in printed and "soft tokens 50 (25 a second of audio)" in printed
+    with pytest.raises(ValueError, match="audio-seconds"):
+        audio.audio_section(31, 1, True, 1)  # more than the tower reads
