@@ -196,5 +196,24 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid JSON ({e})") from None
 
 
+def processor_section(model_dir: str | Path, places: tuple[tuple[str, str | None], ...]) -> dict[str, Any]:
+    """A processor's settings, found as transformers finds them: the first of `places` (file, key in it, or None for
+    the whole file) that holds a JSON object; {} with none (every release stores the defaults)."""
+    for name, key in places:
+        path = Path(model_dir) / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{path} is not readable JSON ({e}): restore the file from the release") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} holds no JSON object: restore the file from the release")
+        section = data.get(key) if key else data
+        if isinstance(section, dict):
+            return section
+    return {}
+
+
 def load_config(model_dir: str | Path) -> TextConfig:
     return target_config(read_json(Path(model_dir) / "config.json"))[0]

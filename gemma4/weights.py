@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch import nn
 
 from gemma4.config import ConfigError, TextConfig
 from gemma4.config_file import read_json, target_config, text_fields
@@ -95,6 +96,21 @@ def target_ignored(c: TextConfig) -> set[str]:
     """Keys a file may carry that the model does not use: K/V weights of KV-shared layers."""
     return {f"layers.{i}.self_attn.{n}.weight" for i in range(c.first_shared_layer, c.num_layers)
             for n in ("k_proj", "v_proj", "k_norm", "v_norm")}
+
+
+def load_modules(model_dir: Path, parts: list[tuple[type[nn.Module], dict[str, tuple[int, ...]], str]], config: object,
+                 dtype: torch.dtype, device: torch.device | str) -> list[nn.Module]:
+    """A media side's modules (each: class, name table, checkpoint prefix), built on the meta device from `config`
+    and loaded from the same files as the text model, strictly, in eval mode, without gradients."""
+    modules = []
+    for cls, table, prefix in parts:
+        state = read_state_dict(model_dir, table, prefix, set(), lambda name, p=prefix: name.startswith(p),
+                                dtype, device)
+        with torch.device("meta"):
+            module = cls(config)
+        module.load_state_dict(state, strict=True, assign=True)
+        modules.append(module.eval().requires_grad_(False))
+    return modules
 
 
 # ---------------------------------------------------------------- finding the files

@@ -33,17 +33,17 @@ Facts a reader must know:
 Shape legend: N samples, L padded samples, F mel frames, B FFT bins (fft_length // 2 + 1), M mel bins.
 """
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from gemma4.audio.wav import SAMPLE_RATE, AudioError
 from gemma4.config import ConfigError
+from gemma4.config_file import processor_section
 
 
 @dataclass(frozen=True)
@@ -72,22 +72,8 @@ class LogMel(NamedTuple):
 def feature_settings(model_dir: Path, unified: bool = False) -> AudioFeatureSettings:
     """The audio settings of a model directory. As transformers does, processor_config.json's "feature_extractor"
     (or "audio_processor") object comes first, then preprocessor_config.json; with neither, the defaults."""
-    raw: dict[str, Any] = {}
-    for name in ("processor_config.json", "preprocessor_config.json"):
-        path = Path(model_dir) / name
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{path} is not readable JSON ({e}): restore the file from the release") from e
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} holds no JSON object: restore the file from the release")
-        nested = data.get("feature_extractor", data.get("audio_processor"))  # how transformers 5 saves processors
-        section = nested if name == "processor_config.json" else data
-        if isinstance(section, dict):
-            raw = section
-            break
+    raw = processor_section(model_dir, (("processor_config.json", "feature_extractor"),  # as transformers 5 saves it
+                                        ("processor_config.json", "audio_processor"), ("preprocessor_config.json", None)))
     # Refuse the switches that would change the features in ways not written here.
     for key, want in (("sampling_rate", SAMPLE_RATE), ("padding_value", 0.0), ("padding_side", "right"),
                       ("preemphasis", 0.0), ("dither", 0.0), ("input_scale_factor", 1.0), ("per_bin_mean", None),

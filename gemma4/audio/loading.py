@@ -26,7 +26,7 @@ from gemma4.audio.prompt import PromptAudio, place
 from gemma4.audio.wav import AudioError, read_wav
 from gemma4.config import ConfigError
 from gemma4.config_file import read_json
-from gemma4.weights import read_state_dict, resolve_model_dir
+from gemma4.weights import load_modules, resolve_model_dir
 
 
 class Audio:
@@ -86,13 +86,6 @@ def load_audio(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
                           f"{MEL_BINS}: restore the release's processor config")
     parts = [] if config.unified else [(tower.AudioTower, tower.weight_table(config), tower.AUDIO_PREFIX)]
     parts.append((embedding.AudioEmbedder, embedding.embed_weight_table(config), embedding.EMBED_PREFIX))
-    modules = []
-    for cls, table, prefix in parts:
-        state = read_state_dict(model_dir, table, prefix, set(), lambda name, p=prefix: name.startswith(p),
-                                dtype, device)
-        with torch.device("meta"):
-            module = cls(config)
-        module.load_state_dict(state, strict=True, assign=True)
-        modules.append(module.eval().requires_grad_(False))
+    modules = load_modules(model_dir, parts, config, dtype, device)
     encoder = None if config.unified else modules[0]
     return Audio(config, audio_tokens(raw), settings, encoder, modules[-1])

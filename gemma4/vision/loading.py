@@ -22,7 +22,7 @@ from gemma4.vision import tower, unified
 from gemma4.vision.config import ImageTokens, VisionConfig, image_tokens, vision_config
 from gemma4.vision.processor import ImageError, ImageProcessing, Pixels, open_image, process, processing_config
 from gemma4.vision.prompt import PromptImages, place
-from gemma4.weights import read_state_dict, resolve_model_dir
+from gemma4.weights import load_modules, resolve_model_dir
 
 if TYPE_CHECKING:
     import PIL.Image
@@ -71,12 +71,5 @@ def load_vision(path: str | Path, dtype: torch.dtype = torch.float32, device: to
     else:
         parts = [(tower.VisionTower, tower.weight_table(config), tower.VISION_PREFIX)]
     parts.append((tower.VisionEmbedder, tower.embed_weight_table(config), tower.EMBED_PREFIX))
-    modules = []
-    for cls, table, prefix in parts:
-        state = read_state_dict(model_dir, table, prefix, set(), lambda name, p=prefix: name.startswith(p),
-                                dtype, device)
-        with torch.device("meta"):
-            module = cls(config)
-        module.load_state_dict(state, strict=True, assign=True)
-        modules.append(module.eval().requires_grad_(False))
+    modules = load_modules(model_dir, parts, config, dtype, device)
     return Vision(config, image_tokens(raw), processing, *modules)

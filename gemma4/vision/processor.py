@@ -22,7 +22,6 @@ Facts a reader must know:
 Shape legend: H, W image height and width in px, p patch size, k pooling kernel, N patches.
 """
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from gemma4.config import ConfigError
+from gemma4.config_file import processor_section
 from gemma4.vision.prompt import ImageError
 
 if TYPE_CHECKING:
@@ -60,20 +60,7 @@ class Pixels(NamedTuple):
 def processing_config(model_dir: Path, unified: bool) -> ImageProcessing:
     """The image settings of a model directory. As transformers does, processor_config.json's "image_processor"
     object comes first, then preprocessor_config.json; with neither, the defaults (every release's values)."""
-    raw: dict[str, Any] = {}
-    for name, key in (("processor_config.json", "image_processor"), ("preprocessor_config.json", None)):
-        path = Path(model_dir) / name
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"{path} is not readable JSON ({e}): restore the file from the release") from e
-            if not isinstance(data, dict):
-                raise ConfigError(f"{path} holds no JSON object: restore the file from the release")
-            section = data.get(key) if key else data
-            if isinstance(section, dict):
-                raw = section
-                break
+    raw = processor_section(model_dir, (("processor_config.json", "image_processor"), ("preprocessor_config.json", None)))
     # Refuse the switches that would change the pixels in ways not written here.
     for flag, want in (("do_resize", True), ("do_rescale", True), ("do_convert_rgb", True)):
         if raw.get(flag, want) is not want:

@@ -29,7 +29,6 @@ Shape legend: n vectors (soft tokens) of a frame, E text hidden.
 """
 
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from gemma4.config import ConfigError
-from gemma4.config_file import read_json
+from gemma4.config_file import processor_section, read_json
 from gemma4.media import Media
 from gemma4.vision.config import ImageTokens
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES, ImageProcessing, Pixels, open_image, process
@@ -75,18 +74,8 @@ class Frames(NamedTuple):
 def video_section(model_dir: Path) -> dict[str, Any]:
     """The video processor's settings, found as transformers finds them: processor_config.json's "video_processor",
     else video_preprocessor_config.json, else preprocessor_config.json (the image processor's file); {} without any."""
-    for name, key in (("processor_config.json", "video_processor"), ("video_preprocessor_config.json", None),
-                      ("preprocessor_config.json", None)):
-        path = Path(model_dir) / name
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"{path} is not readable JSON ({e}): restore the file from the release") from e
-            section = data.get(key) if key and isinstance(data, dict) else data
-            if isinstance(section, dict):
-                return section
-    return {}
+    return processor_section(model_dir, (("processor_config.json", "video_processor"),
+                                         ("video_preprocessor_config.json", None), ("preprocessor_config.json", None)))
 
 
 def video_config(model_dir: str | Path, vision: "Vision") -> VideoConfig:
