@@ -47,8 +47,8 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
     if bad:
         raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
     if media := [i for i in prompt if i in c.media_token_ids]:  # what `media` fills, check_rows hands over as pads
-        raise PromptError(f"token id {media[0]} is a media soft token and nothing fills it: give the image, clip or "
-                          f"frames (--image, --audio, --video-frames) at one boi or boa id, or remove it")
+        raise PromptError(f"token id {media[0]} is a media soft token and nothing fills it: give its image, clip or "
+                          f"frames (--image, --audio, --video-frames; marked by one boi, boa or video id) or remove it")
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if len(prompt) >= c.max_position_embeddings:

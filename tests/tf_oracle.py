@@ -31,6 +31,8 @@ Later rounds use the last verify forward's KV sliced to [:len(input_ids)] (mtp/R
 first round's drafts are comparable with a clean implementation.
 """
 
+import inspect
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,8 +54,9 @@ from transformers import (
     PreTrainedModel,
 )
 from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.models.gemma4 import modeling_gemma4
 from transformers.models.gemma4.modeling_gemma4 import (
-    Gemma4RMSNorm, Gemma4TextRotaryEmbedding, Gemma4TextRouter, Gemma4VisionPooler,
+    Gemma4AudioAttention, Gemma4RMSNorm, Gemma4TextRotaryEmbedding, Gemma4TextRouter, Gemma4VisionPooler,
 )
 from transformers.models.gemma4_unified.modeling_gemma4_unified import (
     Gemma4UnifiedRMSNorm, Gemma4UnifiedTextRotaryEmbedding,
@@ -72,11 +75,17 @@ def _ids(ids: list[int]) -> Tensor:
 
 def tf_target(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """The target as TF loads it: the multimodal class for a multimodal model_type, else the bare text class."""
-    cls = TARGET_CLASSES[AutoConfig.from_pretrained(path).model_type]
+    config = AutoConfig.from_pretrained(path)
+    cls = TARGET_CLASSES[config.model_type]
     # eager in float32: plain matmuls with an fp32 softmax, and the per-expert loop for MoE (TF would
     # otherwise pick sdpa and grouped_mm): the most literal reading of the formulas.
+    attention: str | dict[str, str] = _attention(dtype)
+    if attention != "eager" and getattr(config, "audio_config", None) is not None:
+        # TF's audio tower (Gemma4AudioModel) refuses sdpa: eager there (computed in float64 by
+        # `_audio_attention_in_dtype`), sdpa everywhere else. Only audio checkpoints in float64 take this.
+        attention = {"": attention, "text_config": attention, "vision_config": attention, "audio_config": "eager"}
     model = cls.from_pretrained(
-        path, dtype=dtype, attn_implementation=_attention(dtype), experts_implementation="eager"
+        path, dtype=dtype, attn_implementation=attention, experts_implementation="eager"
     ).eval()
     return _float64_throughout(model) if dtype == torch.float64 else model
 
@@ -142,12 +151,25 @@ def _pool_in_dtype(pooler: Gemma4VisionPooler, hidden_states: torch.Tensor, pixe
 
 
 
+def _audio_attention_in_dtype(attention: Gemma4AudioAttention) -> None:
+    """Gemma4AudioAttention.forward, TF's own source with its fp32 casts removed (q, k, v `.float()` and the
+    softmax's dtype): without this a float64 audio tower fails (softplus(per_dim_scale) is float64, q fp32). The
+    same edit as tests/parity/test_audio_tower.py's `attention_in_dtype`."""
+    source = textwrap.dedent(inspect.getsource(Gemma4AudioAttention.forward))
+    assert source.count(".float()") == 3 and source.count("dtype=torch.float32") == 1, "transformers changed"
+    namespace: dict = {}
+    exec(source.replace(".float()", "").replace("dtype=torch.float32", "dtype=value_states.dtype"),  # noqa: S102
+         vars(modeling_gemma4), namespace)
+    attention.forward = MethodType(namespace["forward"], attention)
+
+
 def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
     """A float64 model computed in float64. TF runs three steps in fp32 whatever the model's dtype:
     every RMSNorm (`x.float()`), eager attention's softmax and the MoE router's softmax, which left
     the float64 test logits up to 7e-5 off. This replaces those forwards on the model's own modules
     (no class is patched) with the same formulas in the input's dtype (attention: sdpa, see
-    `_attention`), and takes our RoPE frequencies (`_power_frequencies`)."""
+    `_attention`), and takes our RoPE frequencies (`_power_frequencies`). An audio tower's attention, eager
+    with q, k, v cast to fp32, attends in the input's dtype (`_audio_attention_in_dtype`)."""
     for module in model.modules():
         if isinstance(module, (Gemma4RMSNorm, Gemma4UnifiedRMSNorm)):
             module.forward = MethodType(_rms_norm_in_dtype, module)
@@ -157,6 +179,8 @@ def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
             module.forward = MethodType(_pool_in_dtype, module)
         elif isinstance(module, (Gemma4TextRotaryEmbedding, Gemma4UnifiedTextRotaryEmbedding)):
             _power_frequencies(module)
+        elif isinstance(module, Gemma4AudioAttention):
+            _audio_attention_in_dtype(module)
     return model
 
 

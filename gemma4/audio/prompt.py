@@ -33,7 +33,9 @@ def expand(ids: Sequence[int], sizes: Sequence[int], tokens: AudioTokens) -> lis
 
 def place(ids: Sequence[int], vectors: Sequence[torch.Tensor], tokens: AudioTokens) -> tuple[list[int], "PromptAudio"]:
     """One prompt whose boa ids mark its clips' places -> the prompt with their soft tokens, and its clips. A prompt
-    with images too: expand its images first (their boi ids), then place the clips on the result."""
+    with images too: `Vision.prompt`, then this on its ids, when every clip comes after every image (a chat turn's
+    order); else expand both kinds first and build PromptImages and PromptAudio on the final ids, as
+    Conversation.prompt does (expanding a clip before an image moves the image)."""
     full = expand(ids, [len(v) for v in vectors], tokens)
     return full, PromptAudio([full], [vectors], tokens)
 
