@@ -23,7 +23,7 @@ from gemma4.audio import tower
 from gemma4.audio.config import MEL_BINS, AudioConfig, AudioTokens, audio_config, audio_tokens
 from gemma4.audio.features import AudioFeatureSettings, feature_settings, frames, log_mel
 from gemma4.audio.prompt import PromptAudio, place
-from gemma4.audio.wav import AudioError, read_wav
+from gemma4.audio.wav import SAMPLE_RATE, AudioError, read_wav
 from gemma4.config import ConfigError
 from gemma4.config_file import read_json
 from gemma4.weights import load_modules, resolve_model_dir
@@ -54,10 +54,17 @@ class Audio:
         return vectors
 
 
-    def read(self, clip: str | Path | torch.Tensor) -> torch.Tensor:
+    def read(self, clip: str | Path | torch.Tensor, name: str = "the clip") -> torch.Tensor:
         """A WAV file (or its (N,) samples at 16 kHz) -> the clip's (n, E) vectors. E2B/E4B cut a clip at 30 s, as
-        the release's feature extractor does (`cut`); the 12B takes it whole."""
-        return self.encode(read_wav(clip) if isinstance(clip, (str, Path)) else clip)
+        the release's feature extractor does (`cut`); the 12B takes it whole. A clip too short for one soft token
+        (E2B/E4B: 20 ms or less) is refused, naming the file (or `name`, for samples)."""
+        samples = read_wav(clip) if isinstance(clip, (str, Path)) else clip
+        vectors = self.encode(samples)
+        if not len(vectors):  # a prompt cannot hold a clip of no soft token
+            name = Path(clip).name if isinstance(clip, (str, Path)) else name
+            raise AudioError(f"{name} lasts {len(samples) / SAMPLE_RATE * 1000:.0f} ms: too short for one audio token "
+                             f"(40 ms each); give a longer clip")
+        return vectors
 
     def cut(self, samples: torch.Tensor) -> bool:
         """Whether these samples are longer than the tower reads (E2B/E4B: 30 s): the rest is dropped."""

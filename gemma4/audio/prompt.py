@@ -24,6 +24,9 @@ from gemma4.media import Media, Span, runs
 
 def expand(ids: Sequence[int], sizes: Sequence[int], tokens: AudioTokens) -> list[int]:
     """Ids where each boa marks a clip's place (one boa per clip, in order) -> boa, its n soft tokens, eoa."""
+    if tokens.soft in ids:
+        raise AudioError(f"the prompt already holds audio soft tokens (id {tokens.soft}): mark each clip's place with "
+                         f"one boa id ({tokens.boa}) alone, and the clip fills it")
     places = sum(i == tokens.boa for i in ids)
     if places != len(sizes):
         raise AudioError(f"the prompt marks {places} audio place(s) (boa id {tokens.boa}) for {len(sizes)} "

@@ -45,7 +45,7 @@ def read_clip(audio: Audio, path: str, note: Callable[[str], None]) -> torch.Ten
     if audio.cut(samples):
         note(f"note: {Path(path).name} lasts {len(samples) / 16_000:.1f} s and is cut to its first "
             f"{audio.settings.max_samples / 16_000:.0f} s, as the release's feature extractor cuts it")
-    return audio.read(samples)
+    return audio.read(samples, Path(path).name)
 
 
 @dataclass
