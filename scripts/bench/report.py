@@ -99,7 +99,8 @@ def table(result: dict[str, Any]) -> str:
                       f"{m['after_forward']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)"]
     for section, why in result.get("skipped", {}).items():
         lines.append(f"   {section}: skipped, {why}")
-    lines += ["", "== goals (measured in this run; each ratio compares runs taken in turns)"]
+    if result["goals"]:  # a run of sections that set none (e.g. --only audio) prints no empty heading
+        lines += ["", "== goals (measured in this run; each ratio compares runs taken in turns)"]
     for g in result["goals"]:
         sign = {True: ">= ", False: "<= "}.get(g.get("at_least"), "")  # a goal without a direction: its limit
         verdict = {True: "met", False: "not met"}.get(g.get("met"), "not measured" if g["value"] is None else "")
