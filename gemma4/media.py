@@ -1,9 +1,10 @@
 """Soft embeddings in the prompts (images; audio the same way): where they sit and what each prefill forward takes.
 
 Facts a reader must know (gemma4/README.md §19):
-- A span is a run of placeholder ids whose embeddings are replaced by given vectors (an image's, from the vision
-  tower). The ids around it stay ordinary tokens. The textbook sees plain tensors and positions: the vision package
-  builds the spans (gemma4/vision/prompt.py), and nothing here knows what made the vectors.
+- A span is a run of placeholder ids whose embeddings are replaced by given vectors (an image's or a video frame's,
+  from the vision tower; a clip's, from the audio side). The ids around it stay ordinary tokens. The textbook sees
+  plain tensors and positions: the vision and audio packages build the spans (gemma4/vision/prompt.py,
+  gemma4/audio/prompt.py), and nothing here knows what made the vectors.
 - `prefill` asks `Media` where a chunk may end (`chunk`) and what each forward replaces (`soft`); every later
   forward is text. The drafter sees media only through the target's K/V and its last hidden state.
 - A span marked `both_ways` sees itself both ways on sliding layers (images, where the config says so). A prefill

@@ -140,9 +140,10 @@ class Gemma4Tokenizer:
             ids += [CHANNEL_START_ID] + self.encode_text("thought\n") + [CHANNEL_END_ID]
         return ids
 
-    def encode_chat(self, user_text: str, empty_thought: bool = False, images: int = 0, boi: int = BOI_ID) -> list[int]:
-        """One user turn, thinking off: the conversation of that turn alone (its images first)."""
-        return self.render([Message("user", user_text, images)], empty_thought=empty_thought, boi=boi)
+    def encode_chat(self, user_text: str, empty_thought: bool = False, images: int = 0, boi: int = BOI_ID,
+                    clips: int = 0, boa: int = BOA_ID) -> list[int]:
+        """One user turn, thinking off: the conversation of that turn alone (its images, then its clips, first)."""
+        return self.render([Message("user", user_text, images, clips)], empty_thought=empty_thought, boi=boi, boa=boa)
 
     def encode_raw(self, text: str) -> list[int]:
         """The text as it is, after exactly one BOS (special tokens written in it are recognised:

@@ -127,7 +127,7 @@ def resolve_model_dir(path_or_id: str | Path, images: bool = False, audio: bool 
     return _download(text, images, audio)
 
 
-IMAGE_FILES = ("processor_config.json", "preprocessor_config.json")
+IMAGE_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 IMAGE_PREFIXES = ("model.vision_tower.", "model.vision_embedder.", "model.embed_vision.")
 AUDIO_PREFIXES = ("model.audio_tower.", "model.embed_audio.")
 

@@ -53,7 +53,7 @@ def speculative_generate(
     draft_length.start_call()
     each = None if on_commit is None else lambda _, tokens, flags: on_commit(tokens, flags)
     row = Request(list(prompt), max_new_tokens, tuple(stop_ids), sampler, draft_length)
-    media = images + audio if images and audio else images or audio  # a prompt's images and clips: one Media
+    media = images + audio if images and audio else images or audio  # gemma4.media.joined, not loaded here
     return speculative_rows(target, drafter, [row], drafting, each, cache, prefill_chunk, media)[0]
 
 

@@ -341,6 +341,10 @@ if __name__ == "__main__":
     unknown = sorted(set(only) - set(SECTIONS + ON_REQUEST))
     if unknown:
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS + ON_REQUEST)}")
+    if not 0 < a.audio_seconds <= 30:
+        p.error(f"--audio-seconds {a.audio_seconds:g}: a clip of more than 0 and at most 30 s (the tower's cut)")
+    if a.audio_reps < 1:
+        p.error(f"--audio-reps {a.audio_reps}: at least 1")
     if a.device is None:
         a.device = "cuda" if only == ["device"] and torch.cuda.is_available() else "cpu"
     if a.device != "cpu" and not (a.device.startswith("cuda") and torch.cuda.is_available()):

@@ -11,7 +11,7 @@
   line and says how to leave, a second one in a row leaves, as does Ctrl-D or `/exit` (status 0).
   Without a terminal on stdin the same lines are read, without prompts.
 - `/image PATH` and `/audio PATH` (a target that sees or hears) read the image or the WAV clip at once and send
-  it with the next message, before its text (images, then clips), as the release's chat template places them
+  it with the next message, before its text (images, then clips: the order we give the release's chat template)
   (scripts/cli/media.py); the side is loaded at its first one. A file it cannot read is one line ("not attached:
   ...") and the conversation goes on.
 - `--json`: stdin lines are user turns, stdout one JSON object per turn on one line, nothing else
@@ -36,7 +36,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
 
     from cli.clock import RoundClock
     from cli.options import (
-        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, Assistant, ModelFlags, Parser, Target,
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USER_ERRORS, Assistant, ModelFlags, Parser, Target,
         UsageError, add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
         load_target_from, refuse, sampling_line, warm_up, draft_room, cut_drafts_note,
     )
@@ -204,7 +204,7 @@ class Session:
             if not path:
                 raise UsageError(f"{command} needs a path: {command} {'photo.jpg' if kind == 'image' else 'speech.wav'}")
             pending.append(self.read[command](path))
-        except (UsageError, ImageError, AudioError) as e:
+        except USER_ERRORS as e:  # a bad file, or a side whose files are broken: said, and the chat goes on
             if self.json_output:  # an object in the place of what did not happen
                 print(json.dumps({"error": str(e)}), flush=True)
             self.say(f"not attached: {e}\n")
@@ -287,9 +287,11 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     vision: list[Vision] = []  # the image side, read at the first /image: a text-only chat never loads it
 
     def read(path: str) -> torch.Tensor:
-        if tokens is None or compiled:
-            raise ImageError(f"{target.name} takes no image: " + ("--compile's static steps run text only" if tokens
-                             else "its config.json has no vision_config (a text-only model, like the demo)"))
+        if compiled:
+            raise ImageError("--compile's static steps take text only: drop --compile to attach images")
+        if tokens is None:
+            raise ImageError(f"{target.name} takes no image: its config.json has no vision_config (a text-only model, "
+                             f"like the demo)")
         if not vision:
             vision.append(load_vision(target.dir, dtype, dev))
         return vision[0].read(path, flags.image_tokens)
@@ -297,9 +299,11 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     audio: list[Audio] = []  # the audio side, read at the first /audio
 
     def hear(path: str) -> torch.Tensor:
-        if hears is None or compiled:
-            raise AudioError(f"{target.name} takes no audio: " + ("--compile's static steps run text only" if hears
-                             else "its config.json has no audio_config (audio needs E2B, E4B or the 12B)"))
+        if compiled:
+            raise AudioError("--compile's static steps take text only: drop --compile to attach clips")
+        if hears is None:
+            raise AudioError(f"{target.name} takes no audio: its config.json has no audio_config (audio needs E2B, "
+                             f"E4B or the 12B)")
         if not audio:
             audio.append(load_audio(target.dir, dtype, dev))
         return read_clip(audio[0], path, lambda line: print(line, file=sys.stderr))  # a note, --json or not

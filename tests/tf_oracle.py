@@ -82,7 +82,7 @@ def tf_target(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTraine
     attention: str | dict[str, str] = _attention(dtype)
     if attention != "eager" and getattr(config, "audio_config", None) is not None:
         # TF's audio tower (Gemma4AudioModel) refuses sdpa: eager there (computed in float64 by
-        # `_audio_attention_in_dtype`), sdpa everywhere else. Only audio checkpoints in float64 take this.
+        # `audio_attention_in_dtype`), sdpa everywhere else. Only audio checkpoints in float64 take this.
         attention = {"": attention, "text_config": attention, "vision_config": attention, "audio_config": "eager"}
     model = cls.from_pretrained(
         path, dtype=dtype, attn_implementation=attention, experts_implementation="eager"
@@ -150,11 +150,9 @@ def _pool_in_dtype(pooler: Gemma4VisionPooler, hidden_states: torch.Tensor, pixe
     return weights.transpose(1, 2) @ h * pooler.root_hidden_size, ~(weights == 0).all(dim=1)
 
 
-
-def _audio_attention_in_dtype(attention: Gemma4AudioAttention) -> None:
+def audio_attention_in_dtype(attention: Gemma4AudioAttention) -> None:
     """Gemma4AudioAttention.forward, TF's own source with its fp32 casts removed (q, k, v `.float()` and the
-    softmax's dtype): without this a float64 audio tower fails (softplus(per_dim_scale) is float64, q fp32). The
-    same edit as tests/parity/test_audio_tower.py's `attention_in_dtype`."""
+    softmax's dtype): without this a float64 audio tower fails (softplus(per_dim_scale) is float64, q fp32)."""
     source = textwrap.dedent(inspect.getsource(Gemma4AudioAttention.forward))
     assert source.count(".float()") == 3 and source.count("dtype=torch.float32") == 1, "transformers changed"
     namespace: dict = {}
@@ -169,7 +167,7 @@ def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
     the float64 test logits up to 7e-5 off. This replaces those forwards on the model's own modules
     (no class is patched) with the same formulas in the input's dtype (attention: sdpa, see
     `_attention`), and takes our RoPE frequencies (`_power_frequencies`). An audio tower's attention, eager
-    with q, k, v cast to fp32, attends in the input's dtype (`_audio_attention_in_dtype`)."""
+    with q, k, v cast to fp32, attends in the input's dtype (`audio_attention_in_dtype`)."""
     for module in model.modules():
         if isinstance(module, (Gemma4RMSNorm, Gemma4UnifiedRMSNorm)):
             module.forward = MethodType(_rms_norm_in_dtype, module)
@@ -180,7 +178,7 @@ def _float64_throughout(model: PreTrainedModel) -> PreTrainedModel:
         elif isinstance(module, (Gemma4TextRotaryEmbedding, Gemma4UnifiedTextRotaryEmbedding)):
             _power_frequencies(module)
         elif isinstance(module, Gemma4AudioAttention):
-            _audio_attention_in_dtype(module)
+            audio_attention_in_dtype(module)
     return model
 
 

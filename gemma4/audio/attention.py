@@ -72,8 +72,8 @@ class AudioAttention(nn.Module):
         t, h, d, c = x.shape[0], self.heads, self.head_dim, self.chunk
         f = wide(x.dtype)
         q = self.q_proj(x).to(f).view(t, h, d)  # (T, H, D)
-        k = self.k_proj(x).to(f).view(t, h, d)
-        v = self.v_proj(x).to(f).view(t, h, d)
+        k = self.k_proj(x).to(f).view(t, h, d)  # (T, H, D)
+        v = self.v_proj(x).to(f).view(t, h, d)  # (T, H, D)
         q = q * (d**-0.5 / math.log(2)) * F.softplus(self.per_dim_scale)  # softplus in the weights' dtype, as TF
         k = k * (math.log(1 + math.e) / math.log(2))
 

@@ -50,7 +50,7 @@ from gemma4.config_file import processor_section
 class AudioFeatureSettings:
     """What processor_config.json / preprocessor_config.json say about audio, with every release's values."""
     unified: bool = False  # the 12B: raw-sample frames instead of log-mel features
-    mel_bins: int = 128  # M: "feature_size"; the tower's first conv expects 128
+    mel_bins: int = 128  # M: "feature_size"; the subsampler's flattening expects 128
     frame_length: int = 320  # samples per window: round(16000 * frame_length_ms / 1000)
     hop_length: int = 160  # samples between windows: round(16000 * hop_length_ms / 1000)
     fft_length: int = 512  # the power of two >= frame_length (twice that with fft_overdrive)

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gemma4.audio import frames as embedding
 from gemma4.audio import tower
 from gemma4.audio.config import MEL_BINS, AudioConfig, AudioTokens, audio_config, audio_tokens
+from gemma4.audio.embedder import EMBED_PREFIX, AudioEmbedder, embed_weight_table
 from gemma4.audio.features import AudioFeatureSettings, feature_settings, frames, log_mel
 from gemma4.audio.prompt import PromptAudio, place
 from gemma4.audio.wav import SAMPLE_RATE, AudioError, read_wav
@@ -53,11 +53,10 @@ class Audio:
             raise AssertionError(f"the tower made {len(vectors)} vectors for {mel.soft_tokens} soft tokens")
         return vectors
 
-
     def read(self, clip: str | Path | torch.Tensor, name: str = "the clip") -> torch.Tensor:
         """A WAV file (or its (N,) samples at 16 kHz) -> the clip's (n, E) vectors. E2B/E4B cut a clip at 30 s, as
         the release's feature extractor does (`cut`); the 12B takes it whole. A clip too short for one soft token
-        (E2B/E4B: 20 ms or less) is refused, naming the file (or `name`, for samples)."""
+        (E2B/E4B: 10 ms, 160 samples, or less) is refused, naming the file (or `name`, for samples)."""
         samples = read_wav(clip) if isinstance(clip, (str, Path)) else clip
         vectors = self.encode(samples)
         if not len(vectors):  # a prompt cannot hold a clip of no soft token
@@ -92,7 +91,7 @@ def load_audio(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
         raise ConfigError(f"{model_dir}: the feature extractor makes {settings.mel_bins} mel bins, the tower reads "
                           f"{MEL_BINS}: restore the release's processor config")
     parts = [] if config.unified else [(tower.AudioTower, tower.weight_table(config), tower.AUDIO_PREFIX)]
-    parts.append((embedding.AudioEmbedder, embedding.embed_weight_table(config), embedding.EMBED_PREFIX))
+    parts.append((AudioEmbedder, embed_weight_table(config), EMBED_PREFIX))
     modules = load_modules(model_dir, parts, config, dtype, device)
     encoder = None if config.unified else modules[0]
     return Audio(config, audio_tokens(raw), settings, encoder, modules[-1])

@@ -18,7 +18,7 @@ Facts a reader must know (transformers 5.22.2 `Gemma4AudioModel` and its parts):
   here looks back only, except the 3x3 convolutions, which read one frame ahead and treat a masked frame as zero,
   as they treat the edge: so the valid frames alone give the valid positions' values, and every position is a soft
   token. Input: the valid frames of one clip (gemma4/audio/features.py `log_mel(...).features[mask]`).
-- Then `output_proj` (with bias) to `output_proj_dims`; `embed_audio` (gemma4/audio/frames.py) takes it to E.
+- Then `output_proj` (with bias) to `output_proj_dims`; `embed_audio` (gemma4/audio/embedder.py) takes it to E.
 - Size: 24W² + (9 + k)·W + W/H + 40 values per layer (k = 5 the conv kernel, 40 clip bounds), 10·c0 +
   c1·(9·c0 + 1) + W·c0/4·c1 in the subsampler, (W + 1)·O in output_proj. transformers' defaults (W 1024, 12 layers,
   8 heads, c 128 and 32, O 1536): 304,825,088 values, 480 of them bounds; then E·O in embed_audio.
@@ -89,8 +89,9 @@ class SubsampleLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (1, channels_in, frames, bins) -> (1, channels_out, ceil(frames/2), ceil(bins/2))."""
-        x = self.conv(x.to(self.conv.weight.dtype))
-        x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # the norm runs over the channels
+        x = self.conv(x.to(self.conv.weight.dtype))  # (1, C_out, F', M')
+        # The norm runs over the channels: (1, C_out, F', M') -> (1, F', M', C_out), normed, and back.
+        x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         # .contiguous(): the permuted tensor is channels-last, which the next conv would take with another kernel.
         return F.relu(x).contiguous()
 

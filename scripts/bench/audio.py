@@ -34,7 +34,7 @@ from bench.memory import SCRIPTS, reset_peak, status_mib
 from bench.timing import HOST, Clock, interleaved
 from gemma4.audio.config import AudioConfig, audio_config, audio_tokens
 from gemma4.audio.features import AudioFeatureSettings, log_mel
-from gemma4.audio.frames import AudioEmbedder
+from gemma4.audio.embedder import AudioEmbedder
 from gemma4.audio.loading import Audio
 from gemma4.audio.tower import AudioTower, weight_table
 from gemma4.audio.wav import SAMPLE_RATE

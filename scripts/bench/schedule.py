@@ -65,6 +65,7 @@ def schedule_section(target_dir: Path, assistant_dir: Path, random_dir: Path, pr
         auto, auto_clock = last["auto"][0].stats, last["auto"][1]
         out[pair] = {
             "tokens_per_s": rate,
+            "seconds": {name: seconds[name] for name in ("plain", "auto")},  # every repetition's, in run order
             "identical": all(o == outputs["plain"][0] for runs_ in outputs.values() for o in runs_),
             "best_constant": best,
             # As every ratio of the benchmark: the median of the per-repetition ratios (runs neighbours in time).

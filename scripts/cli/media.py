@@ -4,8 +4,9 @@
 - A medium's side is read from the target's own files, and only when one is given: the image side (its tower, or
   the 12B's embedder) for images and video frames, the audio side (E2B/E4B's conformer, the 12B's frame embedder)
   for clips. A text-only run loads and holds none of it (gemma4/vision/loading.py, gemma4/audio/loading.py).
-- Where each goes: a chat model's user turn holds its images, then its video, then its clips, before the text, as
-  the release's chat template writes media items (gemma4/tokenizer.py `render`); a model without a chat template
+- Where each goes: a chat model's user turn holds its images, then its video, then its clips, before the text (the
+  release's chat template writes a turn's media items in the order it is given them, and this is the order we
+  give: gemma4/tokenizer.py `render`); a model without a chat template
   gets them right after `<bos>`. With `--prompt-ids` the user marks each place: one boi id per image, one video id
   for the video, one boa id per clip (config.json's boi_token_id, video_token_id, boa_token_id).
 - Clips are expanded first and placed last: every kind is expanded before any is placed, so each span sits on the
@@ -26,7 +27,7 @@ import torch
 from gemma4.audio.loading import Audio, load_audio
 from gemma4.audio.prompt import PromptAudio
 from gemma4.audio.prompt import expand as expand_audio
-from gemma4.audio.wav import read_wav
+from gemma4.audio.wav import SAMPLE_RATE, read_wav
 from gemma4.media import Media, joined
 from gemma4.rows import PromptError
 from gemma4.tokenizer import Gemma4Tokenizer, Message
@@ -43,8 +44,8 @@ def read_clip(audio: Audio, path: str, note: Callable[[str], None]) -> torch.Ten
     """One WAV file -> its (n, E) vectors; a note line when the tower reads only its first 30 s."""
     samples = read_wav(path)
     if audio.cut(samples):
-        note(f"note: {Path(path).name} lasts {len(samples) / 16_000:.1f} s and is cut to its first "
-            f"{audio.settings.max_samples / 16_000:.0f} s, as the release's feature extractor cuts it")
+        note(f"note: {Path(path).name} lasts {len(samples) / SAMPLE_RATE:.1f} s and is cut to its first "
+             f"{audio.settings.max_samples / SAMPLE_RATE:.0f} s, as the release's feature extractor cuts it")
     return audio.read(samples, Path(path).name)
 
 

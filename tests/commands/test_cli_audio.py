@@ -20,7 +20,7 @@ tokenizer with the media tokens, a chat template): generate.py `--audio` / `--vi
 - chat.py: in `--json` mode a clip that is not attached is `{"error": ...}` in the turn's place and the
   conversation goes on, its second turn equal to generate.py's on that turn's prompt; on a pseudo-terminal, as a
   person types: `/audio`, a message, a file it cannot read ("not attached: ..."), another message, `/exit`.
-  A clip too short for one soft token (E2B: 20 ms or less) is not attached, and the chat goes on.
+  A clip too short for one soft token (E2B: 10 ms or less) is not attached, and the chat goes on.
 """
 
 import json
@@ -305,7 +305,7 @@ def test_chat_json_clips(files: dict[str, Path], capsys: pytest.CaptureFixture) 
 
 
 def test_chat_goes_on_after_a_clip_too_short(files: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    """A clip E2B's tower makes no soft token of (20 ms or less) is refused as one line at /audio, naming the file, and
+    """A clip E2B's tower makes no soft token of (10 ms or less) is refused as one line at /audio, naming the file, and
     the conversation goes on, as after any clip that cannot be used."""
     status, replies, err = run_chat(capsys, ["--target", str(files["e2b"]), "--no-assistant", "--max-new-tokens", "3"],
                                     ["/audio " + str(files["blip"]), "What is it?", "Still there?"])

@@ -1,4 +1,4 @@
-"""The audio side (gemma4/audio/tower.py, attention.py, frames.py, loading.py) against transformers 5.22.2's own
+"""The audio side (gemma4/audio/tower.py, attention.py, embedder.py, loading.py) against transformers 5.22.2's own
 modules (`Gemma4AudioModel` + `Gemma4MultimodalEmbedder`, `Gemma4UnifiedMultimodalEmbedder`) on tiny seeded configs,
 and `load_audio` end to end on tiny checkpoints transformers wrote (tests/checkpoints.py `audio=True`).
 
@@ -8,22 +8,18 @@ module config takes rms_norm_eps 1e-5, not the releases' 1e-6, so a norm given t
 1 to 250 frames: positions not a multiple of 4 frames nor of the 12-position block, and up to 6 blocks. Checks:
 float64 within 1e-10 of transformers' float64 run, float32 within tests/tolerance.py's bound of it, bfloat16 equal
 bit for bit. transformers' float64 run needs two edits: its attention casts q, k, v to fp32 (and then fails in float64,
-where softplus(per_dim_scale) is float64), so `attention_in_dtype` drops the casts; and its audio tower refuses the
+where softplus(per_dim_scale) is float64), so `audio_attention_in_dtype` (tests/tf_oracle.py) drops the casts; and its audio tower refuses the
 sdpa that `tf_target` asks for in float64, so `tf_model` loads it with eager attention.
 """
 
 import copy
-import inspect
 import math
-import textwrap
 from pathlib import Path
-from types import MethodType
 
 import pytest
 import torch
 from torch import nn
 from transformers import Gemma4ForConditionalGeneration
-from transformers.models.gemma4 import modeling_gemma4
 from transformers.models.gemma4.configuration_gemma4 import Gemma4AudioConfig, Gemma4Config, Gemma4TextConfig
 from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 from transformers.models.gemma4.modeling_gemma4 import Gemma4AudioAttention, Gemma4AudioModel, Gemma4MultimodalEmbedder
@@ -35,13 +31,13 @@ from transformers.models.gemma4_unified.modeling_gemma4_unified import Gemma4Uni
 
 from gemma4.audio.config import AudioConfig, AudioTokens, audio_config, audio_tokens
 from gemma4.audio.features import frames, log_mel
-from gemma4.audio.frames import AudioEmbedder, embed_weight_table
+from gemma4.audio.embedder import AudioEmbedder, embed_weight_table
 from gemma4.audio.loading import load_audio
 from gemma4.audio.tower import AudioTower, weight_table
 from gemma4.audio.wav import AudioError
 from gemma4.config import ConfigError
 from tests.checkpoints import MEDIA_IDS, write_target
-from tests.tf_oracle import _float64_throughout, tf_target
+from tests.tf_oracle import _float64_throughout, audio_attention_in_dtype, tf_target
 from tests.tolerance import assert_fp32_parity
 
 TEXT_WIDTH = 40  # E
@@ -90,22 +86,11 @@ def redraw(module: nn.Module, seed: int) -> None:
     module.load_state_dict(new, strict=True)
 
 
-def attention_in_dtype(attention: Gemma4AudioAttention) -> None:
-    """transformers' own Gemma4AudioAttention.forward, its source with the fp32 casts removed (q, k, v `.float()`
-    and the softmax's dtype): a float64 model then attends in float64."""
-    source = textwrap.dedent(inspect.getsource(Gemma4AudioAttention.forward))
-    assert source.count(".float()") == 3 and source.count("dtype=torch.float32") == 1, "transformers changed"
-    namespace: dict = {}
-    exec(source.replace(".float()", "").replace("dtype=torch.float32", "dtype=value_states.dtype"),  # noqa: S102
-         vars(modeling_gemma4), namespace)
-    attention.forward = MethodType(namespace["forward"], attention)
-
-
 def float64_audio(model: nn.Module) -> nn.Module:
     """A float64 transformers model computed in float64 (tests/tf_oracle.py's edits, and the attention's)."""
     for module in model.modules():
         if isinstance(module, Gemma4AudioAttention):
-            attention_in_dtype(module)
+            audio_attention_in_dtype(module)
     return _float64_throughout(model.eval())
 
 
@@ -266,6 +251,9 @@ def test_config_reads_transformers_defaults() -> None:
     per_layer = 24 * w**2 + (9 + full.conv_kernel_size) * w + w // full.num_heads + 40
     size = full.num_layers * per_layer + 10 * c0 + c1 * (9 * c0 + 1) + w * c0 // 4 * c1 + (w + 1) * o
     assert sum(math.prod(shape) for shape in weight_table(full).values()) == size == 304_825_088
+    with torch.device("meta"):  # transformers' own tower at those defaults: its parameters and clip-bound buffers
+        theirs = Gemma4AudioModel(Gemma4AudioConfig())
+    assert sum(t.numel() for t in theirs.state_dict().values()) == size
     unified = audio_config(Gemma4UnifiedConfig(audio_config=Gemma4UnifiedAudioConfig()).to_dict())
     assert unified.unified and unified.output_proj_dims == 640
     assert audio_tokens(Gemma4Config().to_dict()) == AudioTokens(boa=256_000, soft=258_881, eoa=258_883)
