@@ -107,6 +107,25 @@ def expand(ids: Sequence[int], begin: int, sizes: Sequence[int], soft: int, end:
     return out + list(ids[last:])
 
 
+def placed(prompts: Sequence[Sequence[int]], vectors: Sequence[Sequence[torch.Tensor]], soft: int, both_ways: bool,
+           kind: str, error: type[ValueError]) -> list[list[Span]]:
+    """Every row's spans: row b's i-th run of `soft` ids takes its i-th (n, E) vectors. A count or a length that does
+    not match raises `error`, naming the `kind` of medium (image, clip)."""
+    if len(prompts) != len(vectors):
+        raise error(f"{len(prompts)} prompts need {len(prompts)} {kind} lists, got {len(vectors)}")
+    rows = []
+    for b, (ids, given) in enumerate(zip(prompts, vectors)):
+        spans = runs(ids, soft)
+        if len(spans) != len(given):
+            raise error(f"prompt {b} holds {len(spans)} {kind}s' soft tokens but {len(given)} {kind}s were given")
+        for i, ((start, end), v) in enumerate(zip(spans, given)):
+            if end - start != len(v):
+                raise error(f"{kind} {i} of prompt {b} has {len(v)} vectors and sits on {end - start} soft tokens at "
+                            f"position {start}: the prompt was made for another {kind}")
+        rows.append([Span(start, v, both_ways) for (start, _), v in zip(spans, given)])
+    return rows
+
+
 def runs(ids: Sequence[int], soft: int) -> list[tuple[int, int]]:
     """(start, end) of every run of `soft` ids in ids, in order: one per image or clip."""
     out = []

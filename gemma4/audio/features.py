@@ -136,12 +136,17 @@ def frame_mask(num_samples: int, settings: AudioFeatureSettings) -> torch.Tensor
     return last < kept
 
 
+def mask_tokens(mask: torch.Tensor) -> int:
+    """Soft tokens of a clip whose frames are valid where `mask` (F,) is: the tower's two 3x3 stride-2 convolutions
+    (padding 1) keep every other position of the mask, twice."""
+    return int(mask[::2][::2].sum())
+
+
 def soft_tokens(num_samples: int, settings: AudioFeatureSettings) -> int:
     """Audio soft tokens a clip of num_samples becomes in the prompt (boa + this many audio ids + eoa)."""
     if settings.unified:
         return -(-num_samples // settings.samples_per_token)  # ceil: one per 640-sample frame, no cap
-    # The tower's two 3x3 stride-2 convolutions (padding 1) keep every other position of the mask, twice.
-    return int(frame_mask(num_samples, settings)[::2][::2].sum())
+    return mask_tokens(frame_mask(num_samples, settings))
 
 
 def check_samples(samples: torch.Tensor) -> None:
@@ -158,7 +163,7 @@ def log_mel(samples: torch.Tensor, settings: AudioFeatureSettings = AudioFeature
     check_samples(samples)
     kept, padded = cut_and_pad(len(samples), settings)
     mask = frame_mask(len(samples), settings)  # (F,)
-    cut = len(samples) > settings.max_samples
+    cut = kept < len(samples)
     if len(mask) == 0:  # 128 samples or fewer: no frame, no soft token (transformers returns (0, M) too)
         return LogMel(samples.new_zeros(0, settings.mel_bins), mask, 0, cut)
     half = settings.frame_length // 2
@@ -170,7 +175,7 @@ def log_mel(samples: torch.Tensor, settings: AudioFeatureSettings = AudioFeature
     spectrum = torch.fft.rfft((windows * window).double(), n=settings.fft_length)  # (F, B) complex128
     mel = spectrum.abs() @ mel_filterbank(settings)  # (F, B) @ (B, M) -> (F, M)
     features = torch.log(mel + settings.mel_floor).to(samples.dtype) * mask[:, None]  # (F, M) invalid frames 0
-    return LogMel(features, mask, int(mask[::2][::2].sum()), cut)
+    return LogMel(features, mask, mask_tokens(mask), cut)
 
 
 def frames(samples: torch.Tensor, settings: AudioFeatureSettings = AudioFeatureSettings(unified=True)) -> torch.Tensor:

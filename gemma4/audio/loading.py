@@ -21,7 +21,7 @@ from torch import nn
 from gemma4.audio import tower
 from gemma4.audio.config import MEL_BINS, AudioConfig, AudioTokens, audio_config, audio_tokens
 from gemma4.audio.embedder import EMBED_PREFIX, AudioEmbedder, embed_weight_table
-from gemma4.audio.features import AudioFeatureSettings, feature_settings, frames, log_mel
+from gemma4.audio.features import AudioFeatureSettings, cut_and_pad, feature_settings, frames, log_mel
 from gemma4.audio.prompt import PromptAudio, place
 from gemma4.audio.wav import SAMPLE_RATE, AudioError, read_wav
 from gemma4.config import ConfigError
@@ -67,7 +67,7 @@ class Audio:
 
     def cut(self, samples: torch.Tensor) -> bool:
         """Whether these samples are longer than the tower reads (E2B/E4B: 30 s): the rest is dropped."""
-        return self.encoder is not None and len(samples) > self.settings.max_samples
+        return self.encoder is not None and cut_and_pad(len(samples), self.settings)[0] < len(samples)
 
     def prompt(self, ids: list[int], clips: list[torch.Tensor]) -> tuple[list[int], PromptAudio]:
         """Ids where one boa id marks each clip's place -> the ids with boa, soft tokens, eoa, and the clips."""

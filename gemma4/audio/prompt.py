@@ -19,7 +19,7 @@ import torch
 from gemma4 import media
 from gemma4.audio.config import AudioTokens
 from gemma4.audio.wav import AudioError
-from gemma4.media import Media, Span, runs
+from gemma4.media import Media, placed
 
 
 def expand(ids: Sequence[int], sizes: Sequence[int], tokens: AudioTokens) -> list[int]:
@@ -48,17 +48,5 @@ class PromptAudio(Media):
 
     def __init__(self, prompts: Sequence[Sequence[int]], vectors: Sequence[Sequence[torch.Tensor]],
                  tokens: AudioTokens) -> None:
-        if len(prompts) != len(vectors):
-            raise AudioError(f"{len(prompts)} prompts need {len(prompts)} clip lists, got {len(vectors)}")
-        rows = []
-        for b, (ids, clips) in enumerate(zip(prompts, vectors)):
-            spans = runs(ids, tokens.soft)
-            if len(spans) != len(clips):
-                raise AudioError(f"prompt {b} holds {len(spans)} clips' soft tokens but {len(clips)} clips were given")
-            for (start, end), v in zip(spans, clips):
-                if end - start != len(v):
-                    raise AudioError(f"a clip of {len(v)} vectors sits on {end - start} soft tokens at position "
-                                     f"{start} of prompt {b}: the prompt was made for another clip")
-            rows.append([Span(start, v, False) for (start, _), v in zip(spans, clips)])
-        super().__init__(rows)
+        super().__init__(placed(prompts, vectors, tokens.soft, False, "clip", AudioError))  # causal: never both ways
         self.tokens = tokens

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from gemma4 import media
-from gemma4.media import Media, Span, runs
+from gemma4.media import Media, placed
 from gemma4.vision.config import ImageTokens
 
 
@@ -46,18 +46,5 @@ class PromptImages(Media):
 
     def __init__(self, prompts: Sequence[Sequence[int]], vectors: Sequence[Sequence[torch.Tensor]],
                  tokens: ImageTokens) -> None:
-        if len(prompts) != len(vectors):
-            raise ImageError(f"{len(prompts)} prompts need {len(prompts)} image lists, got {len(vectors)}")
-        rows = []
-        for b, (ids, images) in enumerate(zip(prompts, vectors)):
-            spans = runs(ids, tokens.soft)
-            if len(spans) != len(images):
-                raise ImageError(f"prompt {b} holds {len(spans)} images' soft tokens but {len(images)} images "
-                                 f"were given")
-            for (start, end), v in zip(spans, images):
-                if end - start != len(v):
-                    raise ImageError(f"an image of {len(v)} vectors sits on {end - start} soft tokens at position "
-                                     f"{start} of prompt {b}: the prompt was made for another image size")
-            rows.append([Span(start, v, tokens.both_ways) for (start, _), v in zip(spans, images)])
-        super().__init__(rows)
+        super().__init__(placed(prompts, vectors, tokens.soft, tokens.both_ways, "image", ImageError))
         self.tokens = tokens

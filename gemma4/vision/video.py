@@ -40,6 +40,7 @@ import torch
 from gemma4.config import ConfigError
 from gemma4.config_file import processor_section, read_json
 from gemma4.media import Media
+from gemma4.tokenizer import VIDEO_ID
 from gemma4.vision.config import ImageTokens
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES, ImageProcessing, Pixels, open_image, process
 from gemma4.vision.prompt import ImageError, PromptImages, expand
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from gemma4.tokenizer import Gemma4Tokenizer
     from gemma4.vision.loading import Vision
 
-VIDEO_TOKEN_ID = 258_884  # <|video|>: transformers' default video_token_id
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")  # what Pillow reads as images here
 EXTRACT = "extract the video's frames first, e.g. `ffmpeg -i clip.mp4 -vf fps=1 frames/%04d.png` (and fps 1)"
 
@@ -81,7 +81,7 @@ def video_section(model_dir: Path) -> dict[str, Any]:
 def video_config(model_dir: str | Path, vision: "Vision") -> VideoConfig:
     """The video side of the target at `model_dir` (a directory), whose image side is `vision`."""
     raw = read_json(Path(model_dir) / "config.json")
-    video_id = raw.get("video_token_id", VIDEO_TOKEN_ID)
+    video_id = raw.get("video_token_id", VIDEO_ID)
     if video_id is None:
         raise VideoError(f"{model_dir} has no video token (config.json's video_token_id is null): a video needs a "
                          f"target that has one, e.g. google/gemma-4-E2B-it")

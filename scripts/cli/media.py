@@ -59,9 +59,6 @@ class Given:
     frames: VideoConfig | None = None  # the video's settings and ids, read beside the images'
     audio: Audio | None = None
 
-    def __bool__(self) -> bool:
-        return bool(self.images or self.clips or self.video)
-
     def message(self, text: str) -> Message:
         """The user turn that holds these media before `text`."""
         return Message("user", text, len(self.images), len(self.clips), int(self.video is not None))
