@@ -27,7 +27,11 @@ Estimates:
   once. A position never tested is taken to be as likely as the one before it (acceptance falls with depth: the
   hopeful guess, so deeper drafts get tried).
 - time(K) (or R(K)) for a K timed: the running mean with the same weight, the first measurement replacing the
-  prior. An unseen K is read off the least-squares line over the timed K (slope ≥ 0), held between the timed
+  prior. A plain step (K = 0) that moves time(0) by a factor moves every other K timed by the same factor: a
+  machine that slows down (another process, a lower clock) slows every round alike, and a K timed long ago
+  (a probe's, one in 40 rounds) must follow the plain steps timed since, or Δ = time(1) - time(0) shrinks as
+  time(0) rises and probes (or K = 1 itself) look cheap when they are not. So the cost of a round of K drafts
+  is learned as a multiple of a plain step: only rounds of K drafts change it. An unseen K is read off the least-squares line over the timed K (slope ≥ 0), held between the timed
   K next to it: more drafts never cost less. Before two K are timed the line is the prior's: a round of K drafts
   costs 1 + DRAFT_PRIOR·K plain steps (a draft step is 0.1 of a plain step, a verify one plain step whatever
   its rows; R alone: flat), in plain steps of 1 second with none timed, scaled through the one timed K. c_draft
@@ -194,7 +198,11 @@ class Auto(DraftLength):
         """A round of k drafts took `seconds`: update what is not fixed."""
         if self.costs is None:
             rest = max(0.0, seconds - k * (self.draft_cost or 0.0))
-            self.rest_s[k] = ewma(self.rest_s.get(k), rest)
+            before = self.rest_s.get(k)
+            self.rest_s[k] = ewma(before, rest)
+            if k == 0 and before:  # the plain step moved, so the machine's pace did: every K timed moves with it
+                pace = self.rest_s[0] / before
+                self.rest_s = {j: s * pace if j else s for j, s in self.rest_s.items()}
             self.line = fit(self.rest_s)  # once a round, not once per K read off it
         elif k > 0:  # only the draft step is learned
             self.draft_s = ewma(self.draft_s, max(0.0, (seconds - self.costs(k + 1)) / k))

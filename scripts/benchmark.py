@@ -32,6 +32,9 @@ Sections (`--only a,b`):
   batch against the same prompts one after another; unique MoE experts per forward against uniform routing.
 - `sampling` (scripts/bench/sampling.py): one sampled row at V = 4,096 and 262,144, the fast sampler and the textbook one, and
   E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
+- `schedule` (scripts/bench/schedule.py): the demo pair and a never-right drafter, plain, `auto`, constant K = 1..8
+  and `heuristic`; `auto` against the best constant and against plain (those two run back to back at both ends
+  of every repetition).
 - `device` (scripts/bench/device.py), only when named: an accelerator checked end to end on random E2B,
   31B-layer, 26B-A4B-layer and 12B-layer pairs (`--device cuda`; `--device-small` shrinks it for a CPU). Not part of the default run.
 - `context` (scripts/bench/context.py), only when named: K/V cache bytes of the released models at 8k-262k

@@ -1,9 +1,12 @@
 """scripts/benchmark.py's `schedule` section: the draft length's schedules against plain decoding.
 
 On the demo pair and on a *random* pair (the demo target with a drafter of the demo's shapes and random
-weights, which is never right), one process decodes the same prompt plainly, at constant K = 1..8, with the
-heuristic schedule and with `auto`, timed in turns (benchmark.interleaved), tokens/s from the median of the
-repetitions. Each schedule object lives across the repetitions, as one kept per drafter does (`auto` and the
+weights, which is never right), one process decodes the same prompt plainly, with `auto`, at constant K = 1..8,
+with the heuristic schedule, then with `auto` and plainly again, timed in turns in that order (reversed every
+other repetition, bench.timing's `interleaved`), tokens/s from the median of the repetitions. So plain decoding
+and `auto` run twice a repetition, back to back at both ends of it (plain, auto, ..., auto, plain), and a
+repetition's time for each is the mean of its two runs: on a machine whose pace moves by several percent within
+a second, the ratio `auto` is judged by compares neighbours in time, and a steady drift across the pair cancels. Each schedule object lives across the repetitions, as one kept per drafter does (`auto` and the
 heuristic carry what they learned from one call to the next). It reports what `auto` chose (its K histogram
 and estimates at the end), and the two ratios the schedule is judged by, each the median of the per-repetition
 ratios: auto against the best constant K of 1..8 (by median tokens/s) on the demo, and auto against plain decoding
@@ -24,6 +27,7 @@ from gemma4 import greedy_generate, load_target
 from mtp import DraftLength, load_drafter, speculative_generate
 
 CONSTANT = range(1, 9)
+AGAIN = " again"  # plain's and auto's second run in a repetition
 
 
 def random_assistant(assistant_dir: Path, out: Path, seed: int = 0) -> Path:
@@ -48,8 +52,9 @@ def schedule_section(target_dir: Path, assistant_dir: Path, random_dir: Path, pr
     out: dict[str, Any] = {"tokens": tokens, "reps": reps, "k": k}
     for pair, drafter in (("demo", load_drafter(assistant_dir)), ("random", load_drafter(random_assistant(
             assistant_dir, random_dir)))):
-        lengths = {f"K={n}": DraftLength(n) for n in CONSTANT}
-        lengths |= {"heuristic": DraftLength(k, "heuristic"), "auto": DraftLength(k, "auto", max_k=max(8, k))}
+        # auto first: it runs next to plain (below)
+        lengths = {"auto": DraftLength(k, "auto", max_k=max(8, k))} | {f"K={n}": DraftLength(n) for n in CONSTANT}
+        lengths["heuristic"] = DraftLength(k, "heuristic")
         last: dict[str, Any] = {}  # name -> its last run's result and clock
 
         def spec(name: str) -> list[int]:
@@ -57,15 +62,19 @@ def schedule_section(target_dir: Path, assistant_dir: Path, random_dir: Path, pr
             last[name] = speculative_generate(target, drafter, prompt, tokens, lengths[name], on_commit=clock), clock
             return last[name][0].tokens
 
-        runs = {"plain": lambda: greedy_generate(target, prompt, tokens)}
-        runs |= {name: lambda name=name: spec(name) for name in lengths}
-        seconds, outputs = interleaved(runs, reps, warm_up=runs)
+        plain = lambda: greedy_generate(target, prompt, tokens)  # noqa: E731
+        # Plain and auto open and close every repetition, back to back (ABBA): their ratio compares neighbours.
+        runs = {"plain": plain} | {name: lambda name=name: spec(name) for name in lengths}
+        runs |= {"auto" + AGAIN: lambda: spec("auto"), "plain" + AGAIN: plain}
+        seconds, outputs = interleaved(runs, reps, warm_up={n: r for n, r in runs.items() if AGAIN not in n})
+        for name in ("plain", "auto"):  # a repetition's seconds: the mean of its two runs
+            seconds[name] = [(a + b) / 2 for a, b in zip(seconds[name], seconds.pop(name + AGAIN))]
         rate = {name: tokens / statistics.median(s) for name, s in seconds.items()}
         best = max((f"K={n}" for n in CONSTANT), key=rate.get)
         auto, auto_clock = last["auto"][0].stats, last["auto"][1]
         out[pair] = {
             "tokens_per_s": rate,
-            "seconds": {name: seconds[name] for name in ("plain", "auto")},  # every repetition's, in run order
+            "seconds": {name: seconds[name] for name in ("plain", "auto")},  # every repetition's (two runs' mean)
             "identical": all(o == outputs["plain"][0] for runs_ in outputs.values() for o in runs_),
             "best_constant": best,
             # As every ratio of the benchmark: the median of the per-repetition ratios (runs neighbours in time).

@@ -12,6 +12,8 @@ models, and no wall clock (`auto` times its rounds on a clock each test moves by
   to max_k. A probe drafts one more than the
   estimates say, when the room allows, again the next round if its extra draft was kept, never at
   max_k nor with acceptance fixed. The first kept draft is followed by a round of `initial`.
+- A machine that turns twice as slow (or fast) mid-run changes no decision: only the probes draft, Δ/time(0)
+  stays 0.4.
 - Only tested drafts update α_j; a round's seconds are those from next() to observe(), learned per K and read
   off a line for an unseen K; one fixed cost makes the other learned; fixed quantities are never updated (and
   with both costs fixed the clock is never read); the estimates carry across calls.
@@ -217,6 +219,29 @@ def test_the_road_to_plain_decoding_and_its_overhead(draft: float, slope: float,
     assert overhead == pytest.approx((n + len(probes)) * delta)
     # The probes: Δ/probe_every a round at most, and at most PROBE_SHARE of a plain step.
     assert overhead <= n * delta + N * min(delta / probe_every, PROBE_SHARE * costs(1)) + 1e-9
+
+
+@pytest.mark.parametrize("pace", [2.0, 0.5])
+def test_a_machine_that_changes_pace_changes_no_decision(pace: float) -> None:
+    """A never-right drafter on a machine that turns `pace` times slower (2: another process starts) or faster
+    after 200 rounds: every round's seconds scale alike, so Δ/time(0) and the decisions stay as they were. Only
+    the probes draft, one in probe_gap rounds (40 here), before and after. Were time(1), timed only at probes,
+    left behind while time(0) follows the plain steps, Δ would shrink (pace 2: to nothing, and K = 1 would look
+    cheaper than a plain step) or grow (pace 0.5)."""
+    d = auto(4)
+    run(d, 200, keep=False)
+    gap = probe_gap(d)
+    ks = []
+    for _ in range(400):
+        d.clock.now = 0.0
+        k = d.next(100)
+        d.clock.now = pace * round_s(k)
+        d.observe(k, accepted=0)
+        ks.append(k)
+    # Within the EWMA's lag: a probe timed while time(0) still climbs to the new pace sees Δ a little off.
+    assert (d.time(1) - d.time(0)) / d.time(0) == pytest.approx(0.4, rel=0.1)
+    assert max(ks) == 1 and sum(ks) <= 400 // gap + 2  # 9 to 11 here; 21 when only K = 0 followed the pace
+    assert d.time(0) == pytest.approx(pace, rel=1e-6)
 
 
 def test_the_first_kept_draft_is_followed_by_initial() -> None:
