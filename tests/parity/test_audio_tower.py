@@ -37,11 +37,10 @@ from gemma4.audio.tower import AudioTower, weight_table
 from gemma4.audio.wav import AudioError
 from gemma4.config import ConfigError
 from tests.checkpoints import MEDIA_IDS, write_target
+from tests.parity.towers import SAME_MATH_ABS, Normal, Uniform, check, ours, redraw
 from tests.tf_oracle import _float64_throughout, audio_attention_in_dtype, tf_target
-from tests.tolerance import assert_fp32_parity
 
 TEXT_WIDTH = 40  # E
-SAME_MATH_ABS = 1e-10  # max |ours float64 - transformers float64|; float64 rounding alone stays near 1e-15
 FRAMES = [1, 5, 37, 98, 250]  # valid log-mel frames -> 1, 2, 10, 25 (3 blocks), 63 (6 blocks) positions
 # 38 valid frames padded to 41: 19 positions after the first conv, the last masked one (from frames 37-39) read by
 # the second conv. Only transformers' mask (or cutting the frames) keeps frame 37 out of the 10th vector.
@@ -60,30 +59,20 @@ def our_config(tf_config: Gemma4AudioConfig | Gemma4UnifiedAudioConfig, model_ty
                          "text_config": {"hidden_size": TEXT_WIDTH}})
 
 
-def redraw(module: nn.Module, seed: int) -> None:
-    """Every tensor of module's state dict drawn again (see the docstring), float32 values in float64."""
-    g = torch.Generator().manual_seed(seed)
-
-    def uniform(shape: torch.Size, low: float, high: float) -> torch.Tensor:
-        return low + (high - low) * torch.rand(shape, generator=g, dtype=torch.float64)
-
-    new = {}
-    for name, t in module.state_dict().items():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("input_min", "output_min"):
-            value = -uniform(t.shape, 1.0, 2.0)  # normalised activations pass 1 often: the bounds cut
-        elif leaf in ("input_max", "output_max"):
-            value = uniform(t.shape, 1.0, 2.0)
-        elif "norm" in name and leaf == "weight":
-            value = uniform(t.shape, 0.5, 1.5)
-        elif leaf == "per_dim_scale":
-            value = 0.5 * torch.randn(t.shape, generator=g, dtype=torch.float64)
-        elif leaf == "bias":
-            value = 0.1 * torch.randn(t.shape, generator=g, dtype=torch.float64)
-        else:  # a projection (out, in) or a convolution (out, in / groups, *kernel)
-            value = torch.randn(t.shape, generator=g, dtype=torch.float64) * t[0].numel() ** -0.5
-        new[name] = value.float().double()
-    module.load_state_dict(new, strict=True)
+def draw(name: str, t: torch.Tensor, normal: Normal, uniform: Uniform) -> torch.Tensor:
+    """The docstring's rule for one tensor of the audio side."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in ("input_min", "output_min"):
+        return -uniform(t.shape, 1.0, 2.0)  # normalised activations pass 1 often: the bounds cut
+    if leaf in ("input_max", "output_max"):
+        return uniform(t.shape, 1.0, 2.0)
+    if "norm" in name and leaf == "weight":
+        return uniform(t.shape, 0.5, 1.5)
+    if leaf == "per_dim_scale":
+        return 0.5 * normal(t.shape)
+    if leaf == "bias":
+        return 0.1 * normal(t.shape)
+    return normal(t.shape) * t[0].numel() ** -0.5  # a projection (out, in) or a convolution (out, in / groups, *kernel)
 
 
 def float64_audio(model: nn.Module) -> nn.Module:
@@ -99,25 +88,9 @@ def tf_pair(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return copy.deepcopy(model).float().eval(), float64_audio(model)
 
 
-def ours(cls: type[nn.Module], config: AudioConfig, state: dict[str, torch.Tensor]) -> nn.Module:
-    with torch.device("meta"):
-        model = cls(config)
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
-
-
 def features(count: int, seed: int) -> torch.Tensor:
     """(count, 128) float32 log-mel-like frames: ln(mel + 1e-3) of speech lies around -7 to 3."""
     return torch.randn(count, 128, generator=torch.Generator().manual_seed(seed)) * 2 - 3
-
-
-def check(test: str, case: str, got: dict[torch.dtype, torch.Tensor], want: dict[torch.dtype, torch.Tensor],
-          depth: int) -> None:
-    """got, want: dtype -> output of ours, of transformers'."""
-    err64 = float((got[torch.float64] - want[torch.float64]).abs().max())
-    assert err64 < SAME_MATH_ABS, f"{test} [{case}]: float64 {err64:.2e}"
-    assert_fp32_parity(test, case, got[torch.float32], want[torch.float32], got[torch.float64], want[torch.float64],
-                       depth)
 
 
 # ---------------------------------------------------------------- the conformer tower and embed_audio
@@ -128,8 +101,8 @@ def towers():  # noqa: ANN201
     tf_config = tower_tf_config()
     tf_tower = Gemma4AudioModel(tf_config).double()
     tf_embed = Gemma4MultimodalEmbedder(tf_config, Gemma4TextConfig(hidden_size=TEXT_WIDTH)).double()
-    redraw(tf_tower, 1)
-    redraw(tf_embed, 2)
+    redraw(tf_tower, 1, draw)
+    redraw(tf_embed, 2, draw)
     config = our_config(tf_config, "gemma4")
     (tower32, tower64), (embed32, embed64) = tf_pair(tf_tower), tf_pair(tf_embed)
     theirs = {torch.float32: (tower32, embed32), torch.float64: (tower64, embed64)}
@@ -222,7 +195,7 @@ def test_weight_tables_match_transformers(towers) -> None:  # noqa: ANN001
 def test_frame_embedder_matches_transformers() -> None:
     tf_config = Gemma4UnifiedAudioConfig()
     tf_model = Gemma4UnifiedMultimodalEmbedder(tf_config, Gemma4UnifiedTextConfig(hidden_size=TEXT_WIDTH)).double()
-    redraw(tf_model, 6)
+    redraw(tf_model, 6, draw)
     config = our_config(tf_config, "gemma4_unified")
     assert config.unified
     assert embed_weight_table(config) == {k: tuple(v.shape) for k, v in tf_model.state_dict().items()}

@@ -25,11 +25,10 @@ from gemma4.vision.config import VisionConfig, vision_config
 from gemma4.vision.tower import VisionEmbedder, VisionTower, embed_weight_table, weight_table
 from gemma4.vision.unified import UnifiedEmbedder
 from gemma4.vision.unified import weight_table as unified_weight_table
+from tests.parity.towers import Normal, Uniform, check, ours, redraw
 from tests.tf_oracle import _float64_throughout
-from tests.tolerance import assert_fp32_parity
 
 TEXT_WIDTH = 24  # E
-SAME_MATH_ABS = 1e-10  # max |ours float64 - transformers float64|; float64 rounding alone stays near 1e-15
 PAD = 8  # padding rows: transformers pools max_patches / k² outputs, so a multiple of k² = 4
 TOWER_CASES = {"plain": (False, False), "clipped-standardized": (True, True)}  # (use_clipped_linears, standardize)
 GRIDS = [(6, 4), (2, 8)]  # (columns, rows) of patches; k = 2 divides both
@@ -53,28 +52,18 @@ def our_config(tf_config: Gemma4VisionConfig | Gemma4UnifiedVisionConfig, model_
                           "text_config": {"hidden_size": TEXT_WIDTH}})
 
 
-def redraw(module: nn.Module, seed: int) -> None:
-    """Every tensor of module's state dict drawn again (see the docstring), float32 values in float64."""
-    g = torch.Generator().manual_seed(seed)
-
-    def uniform(shape: torch.Size, low: float, high: float) -> torch.Tensor:
-        return low + (high - low) * torch.rand(shape, generator=g, dtype=torch.float64)
-
-    new = {}
-    for name, t in module.state_dict().items():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("input_min", "output_min"):
-            value = -uniform(t.shape, 0.5, 1.5)  # normed inputs and projections reach past 1: the bounds cut
-        elif leaf in ("input_max", "output_max", "std_scale") or ("norm" in name or "_ln" in name) and leaf == "weight":
-            value = uniform(t.shape, 0.5, 1.5)
-        elif leaf in ("position_embedding_table", "pos_embedding", "std_bias"):
-            value = torch.randn(t.shape, generator=g, dtype=torch.float64)
-        elif leaf == "bias":  # the 12B's layer norms and dense projection
-            value = 0.1 * torch.randn(t.shape, generator=g, dtype=torch.float64)
-        else:  # a projection (out, in)
-            value = torch.randn(t.shape, generator=g, dtype=torch.float64) * t.shape[-1] ** -0.5
-        new[name] = value.float().double()
-    module.load_state_dict(new, strict=True)
+def draw(name: str, t: torch.Tensor, normal: Normal, uniform: Uniform) -> torch.Tensor:
+    """The docstring's rule for one tensor of the image side."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in ("input_min", "output_min"):
+        return -uniform(t.shape, 0.5, 1.5)  # normed inputs and projections reach past 1: the bounds cut
+    if leaf in ("input_max", "output_max", "std_scale") or ("norm" in name or "_ln" in name) and leaf == "weight":
+        return uniform(t.shape, 0.5, 1.5)
+    if leaf in ("position_embedding_table", "pos_embedding", "std_bias"):
+        return normal(t.shape)
+    if leaf == "bias":  # the 12B's layer norms and dense projection
+        return 0.1 * normal(t.shape)
+    return normal(t.shape) * t.shape[-1] ** -0.5  # a projection (out, in)
 
 
 def tf_pair(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -86,13 +75,6 @@ def tf_pair(model: nn.Module) -> tuple[nn.Module, nn.Module]:
         model.set_attn_implementation("sdpa")
     model = _float64_throughout(model.eval())  # RMSNorms and the pooler in float64 (tests/tf_oracle.py)
     return fp32, model
-
-
-def ours(cls: type[nn.Module], config: VisionConfig, state: dict[str, torch.Tensor]) -> nn.Module:
-    with torch.device("meta"):
-        model = cls(config)
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
 
 
 def split_unified(state: dict) -> tuple[dict, dict]:
@@ -119,15 +101,6 @@ def batch_of_one(pixels: torch.Tensor, positions: torch.Tensor, pad: int) -> tup
             torch.cat([positions, torch.full((pad, 2), -1, dtype=positions.dtype)])[None])
 
 
-def check(test: str, case: str, got: dict[torch.dtype, torch.Tensor], want: dict[torch.dtype, torch.Tensor],
-          depth: int) -> None:
-    """got, want: dtype -> output of ours, of transformers'."""
-    err64 = float((got[torch.float64] - want[torch.float64]).abs().max())
-    assert err64 < SAME_MATH_ABS, f"{test} [{case}]: float64 {err64:.2e}"
-    assert_fp32_parity(test, case, got[torch.float32], want[torch.float32], got[torch.float64], want[torch.float64],
-                       depth)
-
-
 # ---------------------------------------------------------------- the ViT tower
 
 @pytest.fixture(scope="module", params=list(TOWER_CASES), ids=list(TOWER_CASES))
@@ -137,8 +110,8 @@ def towers(request: pytest.FixtureRequest):  # noqa: ANN201
     tf_config = tower_tf_config(clipped, standardize)
     tf_tower = Gemma4VisionModel(tf_config).double()
     tf_embed = Gemma4MultimodalEmbedder(tf_config, Gemma4TextConfig(hidden_size=TEXT_WIDTH)).double()
-    redraw(tf_tower, 1)
-    redraw(tf_embed, 2)
+    redraw(tf_tower, 1, draw)
+    redraw(tf_embed, 2, draw)
     config = our_config(tf_config, "gemma4")
     (tower32, tower64), (embed32, embed64) = tf_pair(tf_tower), tf_pair(tf_embed)
     theirs = {torch.float32: (tower32, embed32), torch.float64: (tower64, embed64)}
@@ -223,7 +196,7 @@ def unified():  # noqa: ANN201
     """(config, transformers' embedder by dtype, ours (embedder, embed_vision) by dtype)."""
     tf_config = unified_tf_config()
     tf_model = Gemma4UnifiedVisionEmbedder(tf_config, Gemma4UnifiedTextConfig(hidden_size=TEXT_WIDTH)).double()
-    redraw(tf_model, 3)
+    redraw(tf_model, 3, draw)
     config = our_config(tf_config, "gemma4_unified")
     fp32, fp64 = tf_pair(tf_model)
     theirs = {torch.float32: fp32, torch.float64: fp64}
