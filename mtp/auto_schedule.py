@@ -26,17 +26,18 @@ Estimates:
   observations the estimate is the plain mean of the prior and them, so a new drafter's first rounds move it at
   once. A position never tested is taken to be as likely as the one before it (acceptance falls with depth: the
   hopeful guess, so deeper drafts get tried).
-- time(K) (or R(K)) for a K timed: the running mean with the same weight, the first measurement replacing the
-  prior. A plain step (K = 0) that moves time(0) by a factor moves every other K timed by the same factor: a
-  machine that slows down (another process, a lower clock) slows every round alike, and a K timed long ago
-  (a probe's, one in 40 rounds) must follow the plain steps timed since, or Δ = time(1) - time(0) shrinks as
-  time(0) rises and probes (or K = 1 itself) look cheap when they are not. So the cost of a round of K drafts
-  is learned as a multiple of a plain step: only rounds of K drafts change it. An unseen K is read off the least-squares line over the timed K (slope ≥ 0), held between the timed
-  K next to it: more drafts never cost less. Before two K are timed the line is the prior's: a round of K drafts
-  costs 1 + DRAFT_PRIOR·K plain steps (a draft step is 0.1 of a plain step, a verify one plain step whatever
-  its rows; R alone: flat), in plain steps of 1 second with none timed, scaled through the one timed K. c_draft
-  (`costs` fixed) is DRAFT_PRIOR·c_verify(1) until timed. The priors are optimistic (on an accelerator a few
-  rows cost what one does), so K > 0 gets tried and measured rather than ruled out by a guess.
+- time(K) (or R(K)) for a K timed: the running mean with the same weight, the first measurement replacing the prior.
+  A plain step (K = 0) that moves time(0) by a factor moves every other K timed by the same factor: a machine that
+  slows down (another process, a lower clock) slows every round alike, and a K timed long ago (a probe's, one in 40
+  rounds) must follow the plain steps timed since, or Δ = time(1) - time(0) shrinks as time(0) rises and probes (or
+  K = 1 itself) look cheap when they are not. So the cost of a round of K drafts is learned as a multiple of a plain
+  step: only rounds of K drafts change it. An unseen K is read off the least-squares line over the timed K
+  (slope ≥ 0), held between the timed K next to it: more drafts never cost less. Before two K are timed the line is
+  the prior's: a round of K drafts costs 1 + DRAFT_PRIOR·K plain steps (a draft step is 0.1 of a plain step, a
+  verify one plain step whatever its rows; R alone: flat), in plain steps of 1 second with none timed, scaled
+  through the one timed K. c_draft (`costs` fixed) is DRAFT_PRIOR·c_verify(1) until timed. The priors are optimistic
+  (on an accelerator a few rows cost what one does), so K > 0 gets tried and measured rather than ruled out by a
+  guess.
 
 Opening (acceptance not fixed): round one drafts one token, not `initial`, and so does every round until a draft
 is kept (or none, once the estimates say K = 1 does not pay). One draft tests α_1, the only position a drafter

@@ -1,16 +1,16 @@
 """scripts/benchmark.py's `schedule` section: the draft length's schedules against plain decoding.
 
-On the demo pair and on a *random* pair (the demo target with a drafter of the demo's shapes and random
-weights, which is never right), one process decodes the same prompt plainly, with `auto`, at constant K = 1..8,
-with the heuristic schedule, then with `auto` and plainly again, timed in turns in that order (reversed every
-other repetition, bench.timing's `interleaved`), tokens/s from the median of the repetitions. So plain decoding
-and `auto` run twice a repetition, back to back at both ends of it (plain, auto, ..., auto, plain), and a
-repetition's time for each is the mean of its two runs: on a machine whose pace moves by several percent within
-a second, the ratio `auto` is judged by compares neighbours in time, and a steady drift across the pair cancels. Each schedule object lives across the repetitions, as one kept per drafter does (`auto` and the
-heuristic carry what they learned from one call to the next). It reports what `auto` chose (its K histogram
-and estimates at the end), and the two ratios the schedule is judged by, each the median of the per-repetition
-ratios: auto against the best constant K of 1..8 (by median tokens/s) on the demo, and auto against plain decoding
-on the random pair.
+On the demo pair and on a *random* pair (the demo target with a drafter of the demo's shapes and random weights,
+which is never right), one process decodes the same prompt plainly, with `auto`, at constant K = 1..8, with the
+heuristic schedule, then with `auto` and plainly again, timed in turns in that order (reversed every other
+repetition, bench.timing's `interleaved`), tokens/s from the median of the repetitions. So plain decoding and `auto`
+run twice a repetition, back to back at both ends of it (plain, auto, ..., auto, plain), and a repetition's time for
+each is the mean of its two runs: on a machine whose pace moves by several percent within a second, the ratio `auto`
+is judged by compares neighbours in time, and a steady drift across the pair cancels. Each schedule object lives
+across the repetitions, as one kept per drafter does (`auto` and the heuristic carry what they learned from one call
+to the next). It reports what `auto` chose (its K histogram and estimates at the end), and the two ratios the
+schedule is judged by, each the median of the per-repetition ratios: auto against the best constant K of 1..8 (by
+median tokens/s) on the demo, and auto against plain decoding on the random pair.
 """
 
 import statistics

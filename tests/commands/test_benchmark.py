@@ -87,8 +87,8 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
     # the same weights in float32, but the PLE table stays in its file's dtype: bfloat16 in one of them
     assert result["memory_float32"]["text_weights_mib"] < result["memory_float32_file"]["text_weights_mib"]
     schedule = result["schedule"]  # plain and auto run twice a repetition (ABBA); each repetition is their mean
-    for pair in ("demo", "random"):
-        r = schedule[pair]
+    for name in ("demo", "random"):
+        r = schedule[name]
         assert list(r["tokens_per_s"]) == ["plain", "auto", *(f"K={n}" for n in range(1, 9)), "heuristic"]
         assert [len(s) for s in r["seconds"].values()] == [schedule["reps"]] * 2 and r["identical"] is True
     goals = {g["goal"]: g for g in result["goals"]}
