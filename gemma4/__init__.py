@@ -5,7 +5,7 @@ from importlib import import_module
 
 WHERE = {name: module for module, names in {
     "cache": "KVCache", "config": "ConfigError TextConfig", "config_file": "load_config", "rows": "Request",
-    "generate": "Generated decode greedy_generate sample_generate", "model": "Gemma4Model ModelOutput",
+    "generate": "greedy_generate sample_generate", "engine": "Generated decode", "model": "Gemma4Model ModelOutput",
     "reference": "reference_greedy", "sampling": "SamplerConfig", "tokenizer": "Gemma4Tokenizer Message",
     "weights": "CheckpointError load_target",
 }.items() for name in names.split()}

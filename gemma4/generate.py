@@ -1,112 +1,91 @@
-"""Plain decoding with the KV cache, greedy and sampling, for one prompt or many: one loop, every row its own run.
+"""Plain decoding with the KV cache, for one prompt: the loop every other loop is measured against.
 
-Greedy is an explicit argmax (first index of the maximum on ties) of the softcapped logits. Sampling warps the same
-logits and draws the token at position n with noise keyed by (seed, n) (gemma4/sampling.py); the first token after
-the prefill is sampled like every other. The loop owns the positions: it passes `start_pos` to every forward and
-moves `cache.length`. The rows, their cache and their prefill: gemma4/rows.py. A row that chooses a stop id or
-spends its budget leaves the batch (`cache.keep`).
+The loop owns the position. One forward over the whole prompt writes its K/V and gives the logits that choose the
+first new token; then one forward per token, at the position after the last. Greedy is an explicit argmax (the first
+index of the maximum on ties) of the softcapped logits. Sampling warps the same logits and draws the token at
+position n with noise keyed by (seed, n) (gemma4/sampling.py), so the same seed gives the same tokens, and a
+speculative loop that reaches position n draws there exactly what this loop draws.
 
-Shape legend: B rows still running, V vocab."""
+Many prompts at once, chunked prefill, media and a conversation's held cache are the engine's (gemma4/engine.py),
+held token-equal to this loop by the tests.
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+Shape legend: T new tokens, V vocab."""
+
+from collections.abc import Sequence
 
 import torch
 
-from gemma4.cache import KVCache
-from gemma4.media import joined
+from gemma4.cache import KVCache, ring_slack
 from gemma4.model import Gemma4Model
-from gemma4.rows import (  # noqa: F401 (PAD, PromptError, check_prompt: importable from here as well)
-    PAD, PromptError, Request, check_prompt, check_rows, choose, finish_reason, new_cache, prefill,
-)
-from gemma4.sampling import SamplerConfig
-
-if TYPE_CHECKING:
-    from gemma4.media import Media
+from gemma4.sampling import TOKEN_STREAM, SamplerConfig
 
 
-class Generated(NamedTuple):
-    tokens: list[int]  # the new tokens, a stop id that ended them included
-    finish_reason: str  # "stop" or "length" (the budget, or the model's context)
+class PromptError(ValueError):
+    """A prompt or budget the model cannot run (empty, ids outside the vocabulary or for media, past the context)."""
+
+
+def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
+    """Reject what the model cannot run, with a message that says what to change."""
+    c = model.config
+    if not prompt:
+        raise PromptError("the prompt is empty: give at least one token")
+    if bad := [i for i in prompt if not 0 <= i < c.vocab_size]:
+        raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
+    if media := [i for i in prompt if i in c.media_token_ids]:
+        raise PromptError(f"token id {media[0]} is a media soft token and nothing fills it: give the image, "
+                          f"clip or frames it stands for, or remove it")
+    if max_new_tokens < 1:
+        raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    if len(prompt) >= c.max_position_embeddings:
+        raise PromptError(f"the prompt has {len(prompt)} tokens; the model's context is "
+                          f"{c.max_position_embeddings}: shorten it")
+
+
+def new_cache(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> KVCache:
+    """A cache for the prompt and the budget (within the context), whose sliding layers' rings take the whole
+    prompt in one forward (gemma4/README.md §15)."""
+    capacity = min(len(prompt) + max_new_tokens, model.config.max_position_embeddings)
+    w = model.embed_tokens.weight
+    return KVCache(model.config, capacity, dtype=w.dtype, device=w.device, slack=ring_slack(len(prompt)))
+
+
+def next_token(model: Gemma4Model, logits: torch.Tensor, sampler: SamplerConfig | None, position: int) -> int:
+    """The token at `position` from the logits (V,) of the position before: the argmax without a sampler (or at
+    temperature 0), else the keyed draw from the warped logits, by the model's rule."""
+    if sampler is None or sampler.greedy:
+        return int(logits.argmax())
+    return model.sampling.sample(logits[None], sampler, TOKEN_STREAM, [position])[0]
+
+
+def finished(tokens: list[int], stop_ids: Sequence[int], max_new_tokens: int, room: int) -> str | None:
+    """Why a run of new `tokens` ends: "stop" after a stop id (kept), "length" once the budget or the `room`
+    left in the context is spent; None while it goes on."""
+    if tokens and tokens[-1] in stop_ids:
+        return "stop"
+    if len(tokens) >= min(max_new_tokens, room):
+        return "length"
+    return None
 
 
 @torch.inference_mode()
-def decode_rows(
-    model: Gemma4Model, rows: Sequence[Request], on_token: Callable[[int, int], None] | None = None,
-    cache: KVCache | None = None, prefill_chunk: int | None = None, media: "Media | None" = None,
-) -> list[Generated]:
-    """The plain cached loop: prefill, then one forward per token for every row still running. Row b's new
-    tokens, ending with its first stop id (kept) or after its budget, and why they ended. `on_token(b, token)` sees
-    each token as it is chosen (for streaming); `cache`: one row's cache, holding its first cache.length ids;
-    `prefill_chunk`, `media`: see `prefill`."""
-    check_rows(model, rows, media)
-    samplers = [None if r.sampler is None or r.sampler.greedy else r.sampler for r in rows]  # temperature 0: greedy
-    context = model.config.max_position_embeddings
-    if cache is None:
-        cache = new_cache(model, rows, prefill_chunk, media=media)
-    logits, _ = prefill(model, cache, [r.prompt for r in rows], prefill_chunk, media)  # (B, V)
-    seqs, results = [list(r.prompt) for r in rows], [None] * len(rows)
-    going = list(range(len(rows)))  # cache row i holds request going[i]
-    while True:
-        tokens, still = choose(model, logits, [samplers[b] for b in going], [len(seqs[b]) for b in going]), []
-        for i, b in enumerate(going):  # row b's token at its own position len(seqs[b])
-            seqs[b].append(tokens[i])
-            if on_token:
-                on_token(b, seqs[b][-1])
-            if reason := finish_reason(seqs[b], rows[b], context):
-                results[b] = Generated(seqs[b][len(rows[b].prompt):], reason)
-            else:
-                still.append(i)
-        if not still:
-            return results
-        if len(still) < len(going):  # finished rows leave: the others' positions do not move
-            cache.keep(still)
-            going = [going[i] for i in still]
-        ids = torch.tensor([seqs[b][-1:] for b in going])  # (B, 1) from the host
-        logits = model.run(ids, cache, start_pos=cache.length).logits[:, -1]  # (B, V)
-        cache.length = cache.length + 1
+def sample_generate(model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig | None,
+                    stop_ids: Sequence[int] = ()) -> list[int]:
+    """The new tokens, ending with the first stop id (kept) or after max_new_tokens (or the context)."""
+    check_prompt(model, prompt, max_new_tokens)
+    cache = new_cache(model, prompt, max_new_tokens)
+    room = model.config.max_position_embeddings - len(prompt)
+    ids, position, tokens = prompt, 0, []  # the ids to run, the position of the first, the new tokens
+    while not finished(tokens, stop_ids, max_new_tokens, room):
+        # One forward: K/V of `ids` written at position.., the logits of the last one.
+        out = model.run(torch.tensor([ids]), cache, start_pos=torch.tensor([position]), num_logits=1)
+        position += len(ids)
+        cache.length[0] = position  # K/V of 0..position-1 are valid now
+        tokens.append(next_token(model, out.logits[0, -1], sampler, position))  # (V,) -> the token at position
+        ids = tokens[-1:]
+    return tokens
 
 
-def decode(
-    model: Gemma4Model, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
-    samplers: Sequence[SamplerConfig | None] | None = None, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
-    on_token: Callable[[int, int], None] | None = None, cache: KVCache | None = None,
-    prefill_chunk: int | None = None, images: "Media | None" = None, audio: "Media | None" = None,
-) -> list[Generated]:
-    """`decode_rows` with budgets, samplers and stop ids given once for all rows or one per row."""
-    return decode_rows(model, requests(prompts, max_new_tokens, stop_ids, samplers), on_token, cache, prefill_chunk,
-                       joined(images, audio))
-
-
-def requests(prompts: Sequence[list[int]], budgets: int | Sequence[int], stop_ids: Sequence[int] | Sequence[Sequence[int]],
-             samplers: Sequence[SamplerConfig | None] | None, schedules: Sequence[Any] | None = None) -> list[Request]:
-    """One Request per prompt from settings given once for all rows or one per row."""
-    n = len(prompts)
-    budgets = [budgets] * n if isinstance(budgets, int) else list(budgets)
-    stops = [tuple(s) for s in stop_ids] if stop_ids and not isinstance(stop_ids[0], int) else [tuple(stop_ids)] * n
-    if len(budgets) != n or len(stops) != n:
-        raise ValueError(f"{n} prompts need {n} budgets and stop-id lists, got {len(budgets)} and {len(stops)}")
-    return [Request(list(p), m, s, c, d) for p, m, s, c, d in zip(prompts, budgets, stops, samplers or [None] * n,
-                                                                  schedules or [None] * n)]
-
-
-def greedy_generate(
-    model: Gemma4Model, prompt: list[int], max_new_tokens: int, stop_ids: Sequence[int] = (),
-    on_token: Callable[[int], None] | None = None, prefill_chunk: int | None = None, images: "Media | None" = None,
-    audio: "Media | None" = None,
-) -> list[int]:
-    """New tokens, ending with the first stop id (kept) or after max_new_tokens: `decode` of one row, greedy."""
-    return sample_generate(model, prompt, max_new_tokens, SamplerConfig(temperature=0), stop_ids, on_token,
-                           prefill_chunk=prefill_chunk, images=images, audio=audio)
-
-
-def sample_generate(
-    model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig, stop_ids: Sequence[int] = (),
-    on_token: Callable[[int], None] | None = None, cache: KVCache | None = None, prefill_chunk: int | None = None,
-    images: "Media | None" = None, audio: "Media | None" = None,
-) -> list[int]:
-    """Like greedy_generate, each token drawn from the warped distribution with keyed noise:
-    the same seed gives the same tokens. Temperature 0 is greedy_generate itself."""
-    each = None if on_token is None else lambda _, token: on_token(token)
-    row = Request(list(prompt), max_new_tokens, tuple(stop_ids), sampler)
-    return decode_rows(model, [row], each, cache, prefill_chunk, joined(images, audio))[0].tokens
+def greedy_generate(model: Gemma4Model, prompt: list[int], max_new_tokens: int,
+                    stop_ids: Sequence[int] = ()) -> list[int]:
+    """`sample_generate` without a sampler: the argmax at every position."""
+    return sample_generate(model, prompt, max_new_tokens, None, stop_ids)

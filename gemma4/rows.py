@@ -1,4 +1,4 @@
-"""What every loop does with its rows (plain decoding, gemma4/generate.py; speculative, mtp/speculative.py): a
+"""What both engine loops do with their rows (plain decoding, gemma4/engine.py; speculative, mtp/engine.py): a
 `Request` per prompt, checked; one cache for them all; step 0, the prefill; and how a row's token is chosen.
 
 Many prompts (mtp/README.md §12): every row keeps its own positions from 0 (`cache.length` and `start_pos` are (B,),
@@ -10,12 +10,13 @@ cache.length ids of the prompt (the prefix shared with the previous turn): only 
 
 Shape legend: B rows, T new tokens per row, V vocab, E hidden."""
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
+from gemma4.generate import PromptError, check_prompt  # noqa: F401 (the engine's rows are checked alike)
 from gemma4.model import Gemma4Model
 from gemma4.sampling import TOKEN_STREAM, SamplerConfig
 
@@ -31,30 +32,6 @@ class Request(NamedTuple):
     max_new_tokens: int
     stop_ids: tuple[int, ...] = ()  # the run ends after the first one it commits (kept)
     sampler: SamplerConfig | None = None  # None or temperature 0: greedy
-    schedule: Any = None  # the speculative loop's draft-length schedule (mtp/schedule.py); plain decoding has none
-
-
-class PromptError(ValueError):
-    """A prompt or budget the model cannot run (empty, ids outside the vocabulary or for media, past the context)."""
-
-
-def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
-    """Reject what the model cannot run, with a message that says what to change."""
-    c = model.config
-    if not prompt:
-        raise PromptError("the prompt is empty: give at least one token")
-    bad = [i for i in prompt if not 0 <= i < c.vocab_size]
-    if bad:
-        raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
-    if media := [i for i in prompt if i in c.media_token_ids]:  # what `media` fills, check_rows hands over as pads
-        raise PromptError(f"token id {media[0]} is a media soft token and nothing fills it: give its image, clip or "
-                          f"frames (--image, --audio, --video-frames; marked by one boi, boa or video id) or remove it")
-    if max_new_tokens < 1:
-        raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    if len(prompt) >= c.max_position_embeddings:
-        raise PromptError(
-            f"the prompt has {len(prompt)} tokens; the model's context is {c.max_position_embeddings}: shorten it"
-        )
 
 
 def check_rows(model: Gemma4Model, rows: Sequence[Request], media: "Media | None") -> None:

@@ -15,10 +15,9 @@ Facts a reader must know (gemma4/README.md §17):
   step); rows are cast when looked up (a cast commutes with a row lookup, so the numbers are the same). A
   bfloat16 E2B run in float32 so skips a 9.4 GB copy, and a GPU holds none of its 4.7 GB.
 - Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
-- The loaders then apply the speed layer (gemma4/fast/, `fast=True` by default): q/k/v and gate/up stacked,
-  and on the CPU a packed copy where the rule of gemma4/fast/kernels.py says so. `fast=False` keeps the textbook
-  modules of gemma4/model.py: the same tokens. gemma4/fast/ is imported only then, inside the loader: importing
-  the textbook (`gemma4`, `mtp.speculative`) loads no speed-layer module.
+- The loaders build the textbook's modules of gemma4/model.py unless asked for the speed layer (`fast=True`,
+  gemma4/fast/, as the commands ask): q/k/v and gate/up stacked, and on the CPU a packed copy where the rule of
+  gemma4/fast/kernels.py says so; the same tokens. gemma4/fast/ is imported only then, inside the loader.
 """
 
 import json
@@ -280,7 +279,7 @@ def file_reader(model_dir: Path, prefix: str) -> Reader:
 
 
 def load_target(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = True,
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
 ) -> Gemma4Model:
     """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
     layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and why each

@@ -1,17 +1,17 @@
-"""Many prompts through the speculative loop with settings given once for all rows or one per row: the loop itself
-runs any number of rows (mtp/speculative.py `speculative_rows`, mtp/README.md §12)."""
+"""Many prompts through the speculative engine with settings given once for all rows or one per row: the engine
+itself runs any number of rows (mtp/engine.py `speculative_rows`, mtp/README.md §12)."""
 
 import copy
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from gemma4.generate import requests
+from gemma4.engine import requests
 from gemma4.media import joined
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.drafter import Drafter
+from mtp.engine import speculative_rows
 from mtp.schedule import DraftLength
-from mtp.speculative import speculative_rows
 from mtp.stats import SpecResult
 
 if TYPE_CHECKING:
@@ -31,6 +31,7 @@ def speculative_generate_batch(
     (gemma4.vision.prompt.PromptImages, gemma4.audio.prompt.PromptAudio), rows without any holding none."""
     draft_length.start_call()
     schedules = [copy.deepcopy(draft_length) for _ in prompts]  # `auto`'s estimates included
-    rows = requests(prompts, max_new_tokens, stop_ids, samplers, schedules)
-    return speculative_rows(target, drafter, rows, drafting, on_commit, prefill_chunk=prefill_chunk,
+    rows = requests(prompts, max_new_tokens, stop_ids, samplers)
+    each = None if on_commit is None else lambda b, round: on_commit(b, round.block, round.from_drafter)
+    return speculative_rows(target, drafter, rows, schedules, drafting, each, prefill_chunk=prefill_chunk,
                             media=joined(images, audio))

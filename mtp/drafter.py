@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from gemma4.cache import KV
-from gemma4.config import TextConfig
+from gemma4.cache import KV, KVCache
+from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.model import DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear
 from gemma4.sampling import DRAFT_STREAM, SamplerConfig
 
@@ -153,3 +153,10 @@ class Drafter(nn.Module):
                 probs.append(q)  # (B, V)
             drafted.append(ids)
         return torch.cat(drafted, dim=1), torch.stack(probs, dim=1) if probs else None  # (B, k), (B, k, V)
+
+
+def target_kv(cache: KVCache, target: Gemma4Model, end: int) -> dict[str, KV]:
+    """What the drafter reads (§3): K/V of positions 0..end-1 of the target's last non-shared sliding and full
+    layers, with their slots' positions. A ring's stale slots past a row's newest position are hidden by the mask."""
+    c = target.config
+    return {kind: cache.read(c.kv_source(kind), end) for kind in (SLIDING, FULL)}

@@ -14,6 +14,7 @@ from gemma4.config_file import read_json, text_config_from_dict
 from gemma4.weights import (
     CheckpointError, file_reader, read_state_dict, resolve_model_dir, target_ignored, target_weight_table,
 )
+from gemma4.model import Gemma4Model
 from mtp.drafter import Drafter, DrafterConfig
 
 
@@ -95,14 +96,18 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
 
 
 def load_drafter(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = True,
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
+    target: Gemma4Model | None = None,
 ) -> Drafter:
-    """The assistant of a local directory or Hub id, in eval mode, without gradients, with the speed layer as
-    the target's (`load_target`; a centroid head gathers rows: it has no product)."""
+    """The assistant of a local directory or Hub id, in eval mode, without gradients; `fast`: the speed layer, as
+    `load_target`'s (a centroid head gathers rows: it has no product). Given its `target`, the pair is checked
+    first (`check_pair`: sizes, vocabulary, K/V shapes, and a sliding window no wider than the target's)."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
     cfg = drafter_config_from_dict(read_json(model_dir / "config.json"))
+    if target is not None:
+        check_pair(target.config, cfg, "the target given", str(path))
     table = drafter_weight_table(cfg)
     state = read_state_dict(model_dir, table, "", drafter_ignored(cfg), lambda name: True, dtype, device)
     with torch.device("meta"):

@@ -21,13 +21,7 @@ class DraftLength:
         # Every argument reaches __new__, then __init__. A subclass named directly (or copied) is made as it is.
         if cls is not DraftLength:
             return super().__new__(cls)
-        from mtp.auto_schedule import Auto  # they import this file
-        from mtp.heuristic import Heuristic, HeuristicTransient
-        kinds = {"constant": Constant, "heuristic": Heuristic, "heuristic_transient": HeuristicTransient, "auto": Auto}
-        name = schedule or "constant"
-        if name not in kinds:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        return super().__new__(kinds[name])
+        return super().__new__(named(schedule or "constant"))
 
     def __init__(self, initial: int, schedule: str | None = None, **auto_only: object) -> None:
         check_name(self, schedule)
@@ -59,6 +53,19 @@ class Constant(DraftLength):
 
     def observe(self, k: int, accepted: int) -> None:
         check_round(k, accepted)
+
+
+def named(name: str) -> type[DraftLength]:
+    """The schedule class of a name; the others' modules are imported only when named (they import this file)."""
+    if name == "constant":
+        return Constant
+    if name == "auto":
+        from mtp.auto_schedule import Auto
+        return Auto
+    if name in SCHEDULES:
+        from mtp import heuristic
+        return heuristic.Heuristic if name == "heuristic" else heuristic.HeuristicTransient
+    raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
 
 
 def check_name(schedule: DraftLength, name: str | None) -> None:

@@ -1,14 +1,35 @@
-"""What a speculative run did: per-round drafts and acceptance, and the run's result. The statistics count; they
-keep no clock: whoever wants a round's wall time reads one in `on_commit`, which sees every round's block."""
+"""What a speculative run did: each round as the loop reports it, the statistics of the rounds, and the run's
+result. The statistics count; they keep no clock: whoever wants a round's wall time reads one as each round is
+reported."""
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(frozen=True)
 class Round:
-    drafted: list[int]  # d_1..d_K as proposed; empty in a round that drafted nothing (K = 0: a plain step)
-    accepted: int  # a: the length of the matching prefix (before any stop-id cut)
+    """One target forward and what it committed: the prefill, or a verify of the drafts d_1..d_K."""
+    position: int  # n: the newest committed position before it (the prefill: the prompt's last)
+    drafted: list[int]  # d_1..d_K as proposed; empty at the prefill and at K = 0 (a plain step)
+    targets: list[int]  # g_0..g_a: the target's token at verify rows 0..a; d_i == g_(i-1) for i <= a
+    block: list[int]  # committed at n+1..: d_1..d_a and g_a, the target's own, cut after a stop id
+    prefill: bool = False
+
+    @property
+    def accepted(self) -> int:
+        """a: the length of the matching prefix (before any stop-id cut)."""
+        return len(self.targets) - 1
+
+    @property
+    def from_drafter(self) -> list[bool]:
+        """For each committed token: did the drafter propose it (and the target keep it)?"""
+        return [j < min(self.accepted, len(self.block)) for j in range(len(self.block))]
+
+    @property
+    def stale(self) -> range:
+        """The positions the verify wrote K/V at that hold no committed token: the rollback leaves them stale."""
+        return range(self.position + self.accepted + 1, self.position + len(self.drafted) + 1)
 
 
 @dataclass
@@ -21,12 +42,15 @@ class SpecStats:
     drafted_at: list[int] = field(default_factory=list)  # [i]: rounds that drafted an i+1-th token
     accepted_at: list[int] = field(default_factory=list)  # [i]: rounds whose i+1-th draft was committed
 
-    def record(self, drafts: list[int], a: int, block: list[int]) -> None:
-        """One round (a verify): drafts d_1..d_K, a of them matched, `block` committed (cut after a stop id)."""
-        committed_drafts = min(a, len(block))  # drafts after a stop id are not emitted
+    def record(self, round: Round) -> None:
+        """One target forward: the prefill, or a verify whose a drafts matched."""
+        drafts, block = round.drafted, round.block
+        committed_drafts = sum(round.from_drafter)  # drafts after a stop id are not emitted
         self.target_forwards += 1
         self.emitted += len(block)
-        self.rounds.append(Round(drafts, a))
+        if round.prefill:
+            return
+        self.rounds.append(round)
         self.drafted += len(drafts)
         self.accepted += committed_drafts
         missing = [0] * (len(drafts) - len(self.drafted_at))  # a round longer than every one before
@@ -58,3 +82,13 @@ class SpecResult:
     tokens: list[int]
     stats: SpecStats
     finish_reason: str  # "stop" or "length"
+
+
+def result_of(rounds: Iterable[Round], stop_ids: Sequence[int]) -> SpecResult:
+    """A finished run's result from its rounds: the tokens they committed, their statistics, and why it ended
+    ("stop" after a stop id, else "length": the budget or the context)."""
+    stats, tokens = SpecStats(), []
+    for round in rounds:
+        stats.record(round)
+        tokens += round.block
+    return SpecResult(tokens, stats, "stop" if tokens[-1] in stop_ids else "length")

@@ -219,7 +219,7 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
                 against_unpacked=False, device=device, clock=clock)  # a second float32 E2B (≈ 9 GB) would not fit
             result["e2b"]["note"] = f"random weights, vocabulary cut from 262144 to {E2B_VOCAB}"
         else:
-            e2b_target, e2b_drafter = load_target(t_dir, device=device), load_drafter(a_dir, device=device)
+            e2b_target, e2b_drafter = load_target(t_dir, device=device, fast=True), load_drafter(a_dir, device=device, fast=True)
         if "costs" in sections:
             say("costs: decode, verify and draft at E2B dimensions")
             result["costs"] = cost_section(e2b_target, e2b_drafter, prompt, e2b_reps, clock)
@@ -232,8 +232,8 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
     if "bf16" in sections:
         say(f"bf16: writing or reusing the full-vocabulary bfloat16 pair under {e2b_dir / 'bfloat16-full'}")
         t_dir, a_dir = write_pair(e2b_dir / "bfloat16-full", *e2b_configs(FULL_VOCAB), torch.bfloat16)
-        target = load_target(t_dir, dtype=torch.bfloat16, device=device)
-        drafter = load_drafter(a_dir, dtype=torch.bfloat16, device=device)
+        target = load_target(t_dir, dtype=torch.bfloat16, device=device, fast=True)
+        drafter = load_drafter(a_dir, dtype=torch.bfloat16, device=device, fast=True)
         prompt = random_prompt(t_dir, 16)
         result["bf16"] = {"costs": cost_section(target, drafter, prompt, e2b_reps, clock),
                           "bandwidth": bandwidth_section(target, prompt, e2b_reps, copy_mib, {}, clock)}
@@ -250,7 +250,7 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
     if "batch" in sections and (target_dir / "config.json").is_file():  # scripts/bench/batch.py
         say("batch: B = 1, 2, 4, 8 prompts as one batch and one after another")
         prompts = [text_prompt(target_dir, p, 8 + 3 * i) for i, p in enumerate(DEMO_PROMPTS)]
-        result["batch"] = batch_section(load_target(target_dir, device=device), load_drafter(assistant_dir, device=device),
+        result["batch"] = batch_section(load_target(target_dir, device=device, fast=True), load_drafter(assistant_dir, device=device, fast=True),
                                         prompts, tokens, min(reps, 3), k or assistant_k(assistant_dir), timed)
     if "experts" in sections:
         say("experts: unique experts per MoE layer, decode, verify and batches")

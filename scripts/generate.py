@@ -38,10 +38,14 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
-    from gemma4.generate import decode, sample_generate
+    from cli.trace import Trace, observed, piece
+    from gemma4.engine import decode, generate_one
+    from gemma4.generate import sample_generate
     from gemma4.rows import check_prompt
     from gemma4.tokenizer import BOS_ID, THINK_ID
-    from mtp import speculative_generate
+    from mtp.engine import speculative_one
+    from mtp.speculative import speculative_rounds
+    from mtp.stats import result_of
 
 CHAT_PROMPT = "Tell me a story about a fox."  # the default prompt of a chat model
 # The default prompt of a model without a chat template, like the demo (a model of Python source):
@@ -66,7 +70,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
          compare: bool = False, json_output: bool = False, batch: list[str] | list[list[int]] | None = None,
          demo_target: Path = DEMO_TARGET, images: list[str] | None = None, system: str | None = None,
          think: bool = False, audio: list[str] | None = None, video_frames: str | None = None,
-         fps: float | None = None) -> int:
+         fps: float | None = None, trace: bool = False) -> int:
     """Run one generation (or one batch) and print it; returns the exit status (0, or 130 after Ctrl-C)."""
     check_values(flags)
     images, audio = images or [], audio or []
@@ -98,6 +102,11 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     if flags.show_drafts and batch:
         refuse("--show-drafts", "it marks the streamed text of one prompt, and several are printed after the run: "
                                 "give one prompt, or drop it")
+    if trace and (json_output or batch or flags.no_assistant or flags.show_drafts):
+        refuse("--trace", "--json keeps stderr quiet: drop one of the two" if json_output else
+               "it shows the drafts itself: drop --show-drafts" if flags.show_drafts else
+               "it shows the rounds of one speculative run: give one prompt, or drop it" if batch else
+               "--no-assistant runs no rounds to show: drop one of the two")
     if flags.compile and batch:
         raise UsageError("--compile runs one prompt (its steps are static-shape graphs of one row): give one prompt, "
                          "or drop --compile for a batch")
@@ -201,7 +210,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
                              flags.prefill_chunk, room) if flags.compile else None
     model = compiled.target if compiled else target.model
     drafter, cache = (compiled.drafter, compiled.cache) if compiled else (drafter, None)
-    sinks = text_sinks(flags.show_drafts, json_output, say)
+    # --trace: the rounds on stderr as they happen, the text on stdout after them (not mixed into their lines).
+    sinks = [] if trace else text_sinks(flags.show_drafts, json_output, say)
     if flags.show_drafts:
         say("")
 
@@ -209,13 +219,28 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     warm_up(target.model, assistant, room)
     stream = Stream(target.tokenizer, sinks)
     clock = RoundClock(stream.commit)  # each round's seconds, for the statistics
+    observers = [clock.round] + ([Trace(piece(target.tokenizer), say)] if trace else [])
+    # --reference on a text prompt: the textbook loop itself (mtp/speculative.py); with media, the engine.
+    textbook = flags.reference and pictures is None
+    if flags.reference and not textbook:
+        say("note: --reference with media runs the engine (mtp/engine.py) on the textbook's modules: the textbook "
+            "loop takes text only", note=True)
     start = time.perf_counter()
     try:
-        if drafter is not None:
-            spec = speculative_generate(model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
-                                        sampler, drafting, on_commit=clock, cache=cache,
-                                        prefill_chunk=flags.prefill_chunk, images=pictures)
+        if drafter is not None and textbook:
+            rounds = speculative_rounds(model, drafter, prompt_ids, max_new_tokens, draft_length, stops, sampler,
+                                        drafting)
+            spec = result_of(observed(rounds, observers), stops)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
+        elif drafter is not None:
+            spec = speculative_one(model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
+                                   sampler, drafting, on_round=lambda r: [see(r) for see in observers],
+                                   cache=cache, prefill_chunk=flags.prefill_chunk, images=pictures)
+            tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
+        elif textbook:
+            tokens = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops)
+            stream.commit(tokens, [False] * len(tokens))
+            finish_reason, stats = "stop" if tokens[-1] in stops else "length", None
         else:
             tokens, finish_reason = decode(model, [prompt_ids], max_new_tokens, [sampler], stops,
                                            on_token=lambda _, t: stream.commit([t], [False]), cache=cache,
@@ -230,6 +255,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         return INTERRUPTED
     seconds = time.perf_counter() - start
     stream.finish()
+    if trace:
+        print(stream.text() if target.tokenizer else " ".join(map(str, tokens)))
     result = {"tokens": tokens, "text": stream.text(), "finish_reason": finish_reason,
               "stats": stats_json(stats, tokens, seconds, draft_length if drafter is not None else None,
                                   compiled.target.eager_steps if compiled else None, clock),
@@ -252,8 +279,9 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
             cache.length = torch.tensor([0])
         start = time.perf_counter()
         try:
-            plain = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops, cache=cache,
-                                    prefill_chunk=flags.prefill_chunk, images=pictures)
+            plain = sample_generate(model, prompt_ids, max_new_tokens, sampler, stops) if textbook else (
+                generate_one(model, prompt_ids, max_new_tokens, sampler, stops, cache=cache,
+                             prefill_chunk=flags.prefill_chunk, images=pictures))
             plain_seconds = time.perf_counter() - start
             plain_rate = len(plain) / plain_seconds if plain_seconds else 0.0
             result["plain"] = {"tokens": plain, "seconds": plain_seconds, "tokens_per_second": plain_rate}
@@ -327,6 +355,9 @@ def parser() -> Parser:
     p.add_argument("--compare", action="store_true",
                    help="also run plain decoding (sampling: the same seed): identical? how much faster? "
                         "With several prompts: each prompt alone, one after another, against the batch")
+    p.add_argument("--trace", action="store_true",
+                   help="print every round's numbered steps on stderr as they happen: the drafts, the target's "
+                        "choice at each verify row, how many were kept, the token it adds, what is left stale")
     p.add_argument("--json", dest="json_output", action="store_true",
                    help="print one JSON object on stdout and nothing else; stderr stays quiet")
     return p
@@ -340,7 +371,7 @@ def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
         return main(flags=ModelFlags.parsed(args), prompt=prompt, prompt_ids=prompt_ids, raw=args.raw,
                     compare=args.compare, json_output=args.json_output, batch=batch, demo_target=demo_target,
                     images=args.image, system=args.system, think=args.think, audio=args.audio,
-                    video_frames=args.video_frames, fps=args.fps)
+                    video_frames=args.video_frames, fps=args.fps, trace=args.trace)
     return guarded(run)
 
 

@@ -156,7 +156,7 @@ def main(*, target_dir: Path, assistant_dir: Path, prompts: int, seeds: int, tem
     torch.set_num_threads(threads)
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     held = held_out(tokenizer, prompts)
-    target, drafter = load_target(target_dir), load_drafter(assistant_dir)
+    target, drafter = load_target(target_dir, fast=True), load_drafter(assistant_dir, fast=True)
     greedy_generate(target, held[0], 8)  # warm-up: the first calls of a process are slower
     speculative_generate(target, drafter, held[0], 8, DraftLength(k))
     rows = []

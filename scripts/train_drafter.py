@@ -203,7 +203,7 @@ def main(*, target_dir: Path, out: Path, corpus: Path | None, steps: int, batch:
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     start = time.time()
-    target = load_target(target_dir, dtype=target_dtype, device=device)  # frozen: eval mode, no gradients
+    target = load_target(target_dir, dtype=target_dtype, device=device, fast=True)  # frozen: eval mode, no gradients
     tokenizer = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     suffixes = (".py",) if corpus is None else (".py", ".txt", ".md", ".rst")
     train_files, held_files = corpus_files(corpus, suffixes)
@@ -251,7 +251,7 @@ def main(*, target_dir: Path, out: Path, corpus: Path | None, steps: int, batch:
     if eval_prompts:
         held = token_stream(tokenizer, read_texts(held_files[:max_files]))
         prompts = held_out_prompts(held, eval_prompts, PROMPT_TOKENS)
-        trained = load_drafter(out, device=device)
+        trained = load_drafter(out, device=device, fast=True)
         for temperature in (0.0, 0.7):  # the greedy row and one sampled row; measure_pair.py has the rest
             row = measure(target, trained, prompts, temperature, seeds=1, k=num_assistant_tokens, new_tokens=64,
                           top_k=distill.top_k, top_p=distill.top_p)

@@ -1,6 +1,6 @@
 """Static-shape steps for `torch.compile`: a cache written at device positions, masks over every slot, and the
-decode, verify and draft steps as functions of fixed shapes (gpt-fast's design). The loops of gemma4/generate.py
-and mtp/speculative.py run them unchanged: `StaticTarget` and `StaticDrafter` stand in for the model and the
+decode, verify and draft steps as functions of fixed shapes (gpt-fast's design). The engine loops of
+gemma4/engine.py and mtp/engine.py run them unchanged: `StaticTarget` and `StaticDrafter` stand in for the model and the
 drafter, and the caller passes a `StaticKVCache` (`cache=`).
 
 Facts a reader must know:
@@ -11,7 +11,7 @@ Facts a reader must know:
   window on sliding layers): stale slots and unwritten zeros get weight 0.
 - The steps call the model's own embedding, Per-Layer Embeddings, layer stack (`Gemma4Model.stack`) and head
   (fast modules included); only RoPE and the masks are built here, from the device positions.
-- A prefill runs in chunks of at most the cache's slack (gemma4/generate.py `prefill`): no step writes more
+- A prefill runs in chunks of at most the cache's slack (gemma4/rows.py `prefill`): no step writes more
   positions than the ring can take without losing a key that a query still reads.
 - One graph per row count: T = 1 decodes, T = K + 1 verifies; the drafter's step is one graph. A prefill
   (`num_logits` given) runs the same function eagerly: its length changes every call.

@@ -1,8 +1,8 @@
 """A multi-turn conversation on one KV cache: every turn renders the whole conversation and
 prefills only what the cache does not already hold.
 
-It lives in `mtp/` because a turn runs either loop: the speculative one (mtp/speculative.py) with
-a drafter, plain decoding (gemma4/generate.py) without; gemma4/ never imports mtp/.
+It lives in `mtp/` because a turn runs either engine loop: the speculative one (mtp/engine.py) with
+a drafter, plain decoding (gemma4/engine.py) without; gemma4/ never imports mtp/.
 
 - Rendering is the template's (gemma4/tokenizer.py `render`): earlier thoughts are dropped, so
   after a thinking turn the cache and the new rendering part at the thought's first token.
@@ -38,7 +38,7 @@ from gemma4.audio.config import AudioTokens
 from gemma4.audio.prompt import PromptAudio
 from gemma4.audio.prompt import expand as expand_audio
 from gemma4.audio.wav import AudioError
-from gemma4.generate import decode
+from gemma4.engine import decode
 from gemma4.media import Media, Span, joined
 from gemma4.model import Gemma4Model
 from gemma4.rows import check_prompt
@@ -50,8 +50,9 @@ from gemma4.vision.prompt import expand as expand_images
 from mtp.drafter import Drafter
 from mtp.extras.growing import GrowingCache
 from mtp.schedule import DraftLength
-from mtp.speculative import check_sampling, speculative_generate
+from mtp.speculative import check_sampling
 from mtp.stats import SpecStats
+from mtp.engine import speculative_one
 
 DEFAULT_STOP_IDS = (1, 106, 50)  # <eos>, <turn|>, <|tool_response>: the releases' generation_config.json
 GREEDY = SamplerConfig(temperature=0.0)
@@ -118,7 +119,7 @@ class Conversation:
         self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
         self.empty_thought = needs_empty_thought(target.config, tokenizer.chat_template)
         self.draft_length = DraftLength(4)  # used when a turn passes none; a heuristic schedule carries over
-        self.prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk  # gemma4/generate.py `prefill`
+        self.prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk  # gemma4/rows.py `prefill`
         if self.prefill_chunk < 1:
             raise ValueError(f"a prefill chunk holds at least 1 position, got {self.prefill_chunk}")
         self.cache = self.new_cache(ring_slack(self.prefill_chunk))
@@ -221,9 +222,9 @@ class Conversation:
         stats = None
         try:
             if self.drafter is not None:
-                result = speculative_generate(
+                result = speculative_one(
                     self.target, self.drafter, ids, max_new_tokens, draft_length or self.draft_length, stops,
-                    sampler, drafting, on_commit=commit, cache=self.cache, prefill_chunk=self.prefill_chunk,
+                    sampler, drafting, on_round=lambda r: commit(r.block, r.from_drafter), cache=self.cache, prefill_chunk=self.prefill_chunk,
                     images=every)
                 tokens, stats, finish_reason = result.tokens, result.stats, result.finish_reason
             else:

@@ -1,7 +1,7 @@
 """scripts/benchmark.py's batch sections: throughput of batched decoding, and the MoE expert-reuse claim.
 
 - `batch`: tokens/s of plain and speculative decoding of B = 1, 2, 4, 8 prompts as one batch
-  (gemma4/generate.py `decode`, mtp/batch.py) and of the same prompts run one after another, on the demo pair.
+  (gemma4/engine.py `decode`, mtp/batch.py) and of the same prompts run one after another, on the demo pair.
   The demo pair is bound by the cost of each call into PyTorch, which a batch shares across its rows.
 - `experts`: the Gemma docs say verifying drafts "can require loading additional expert weights; at
   higher batch sizes there is more overlap in activated experts". Counted here: the unique experts
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from gemma4 import KVCache, greedy_generate
-from gemma4.generate import decode
+from gemma4.engine import decode
 from gemma4.config_file import text_config_from_dict
 from gemma4.model import Gemma4Model
 from gemma4.weights import target_weight_table

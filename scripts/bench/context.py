@@ -42,9 +42,10 @@ from gemma4.cache import PREFILL_CHUNK, ring_slack
 from gemma4.extras.memory import cache_bytes
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.config_file import read_json, text_config_from_dict
-from gemma4.generate import decode
+from gemma4.engine import decode
 from gemma4.rows import prefill
-from mtp import DraftLength, load_drafter, speculative_generate
+from mtp import DraftLength, load_drafter
+from mtp.engine import speculative_one
 
 BF16 = torch.bfloat16
 NEW_TOKENS = 4  # the prefill measurement's budget
@@ -133,7 +134,7 @@ def geometry(name: str, small: bool) -> tuple[dict[str, Any], dict[str, Any]]:
 def rss_child(model_dir: Path, length: int, mode: str, chunk: int, threads: int) -> dict[str, Any]:
     """Runs in a fresh process: the peak resident bytes of one prefill + NEW_TOKENS over the loaded, warmed model."""
     torch.set_num_threads(threads)
-    model = load_target(model_dir, dtype=BF16)
+    model = load_target(model_dir, dtype=BF16, fast=True)
     prompt = random_prompt(model_dir, length)
     decode(model, [prompt[:8]], 1)  # pages the weights in, warms the allocator
     base = status_mib()
@@ -213,8 +214,8 @@ def decode_section(root: Path, target_dir: Path, assistant_dir: Path, k: int, si
                    interleaved: Callable) -> dict[str, Any]:
     tokens, reps = sizes["tokens"], sizes["reps"]
     context = 2 * max(sizes["contexts"])
-    target = load_target(lifted(target_dir, root / "demo" / "target", context))
-    drafter = load_drafter(lifted(assistant_dir, root / "demo" / "assistant", context))
+    target = load_target(lifted(target_dir, root / "demo" / "target", context), fast=True)
+    drafter = load_drafter(lifted(assistant_dir, root / "demo" / "assistant", context), fast=True)
     trained = load_config(target_dir).max_position_embeddings
     out: dict[str, Any] = {"target": str(target_dir), "assistant": str(assistant_dir), "tokens": tokens,
                            "reps": reps, "k": k, "trained_context": trained, "contexts": {}}
@@ -232,7 +233,7 @@ def decode_section(root: Path, target_dir: Path, assistant_dir: Path, k: int, si
             return cache
 
         def spec() -> list[int]:
-            result = speculative_generate(target, drafter, prompt, tokens, DraftLength(k), cache=held())
+            result = speculative_one(target, drafter, prompt, tokens, DraftLength(k), cache=held())
             stats["acceptance_rate"] = result.stats.acceptance_rate
             return result.tokens
 

@@ -26,7 +26,7 @@ from gemma4.fast.apply import groups
 from gemma4.fast.kernels import NO_KERNEL, packable
 from gemma4.model import Gemma4Model
 from mtp import Drafter
-from mtp.speculative import target_kv
+from mtp.drafter import target_kv
 
 ALPHAS = (0.5, 0.7, 0.9)
 MAX_K = 8

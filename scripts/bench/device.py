@@ -271,7 +271,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
     def load() -> dict[str, Any]:
         reset_peak(device)
         start = time.perf_counter()
-        models[BF16] = (load_target(t_dir, BF16, device), load_drafter(a_dir, BF16, device))
+        models[BF16] = (load_target(t_dir, BF16, device, fast=True), load_drafter(a_dir, BF16, device, fast=True))
         seconds, loaded = time.perf_counter() - start, memory(device)
         weights = sum(p.numel() * p.element_size() for m in models[BF16] for p in m.parameters())
         reset_peak(device)
@@ -324,7 +324,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         gc.collect()  # the bfloat16 pair is gone: the float32 one takes its place
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        target, drafter = load_target(t_dir, F32, device), load_drafter(a_dir, F32, device)
+        target, drafter = load_target(t_dir, F32, device, fast=True), load_drafter(a_dir, F32, device, fast=True)
         plain = greedy_generate(target, prompt, tokens)
         spec = speculative_generate(target, drafter, prompt, tokens, DraftLength(K))
         sampled = sample_generate(target, prompt, tokens, SAMPLED)

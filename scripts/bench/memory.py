@@ -40,7 +40,7 @@ def memory_child(model_dir: Path, dtype: str) -> dict[str, Any]:
     """Runs in a fresh process: resident memory before, at the peak of loading, and after one forward."""
     base = status_mib()
     separate = reset_peak()
-    model = load_target(model_dir, dtype=getattr(torch, dtype))  # the speed layer as the loader applies it (gemma4/fast/)
+    model = load_target(model_dir, dtype=getattr(torch, dtype), fast=True)  # the speed layer as the loader applies it (gemma4/fast/)
     loaded = status_mib()
     # The weights as loaded: in the model's dtype, but the PLE table in the file's (weights.py). A packed
     # weight's parameter may be the file's view in the file's dtype: its packed copy is what is held.

@@ -78,8 +78,8 @@ def decode_costs(pair_root: Path, configs: tuple[dict, dict], tokens: int, reps:
                  device: str = "cpu") -> dict[str, Any]:
     """configs: the pair's config.json objects (target, assistant), written once under pair_root."""
     t_dir, a_dir = write_pair(pair_root, *configs, torch.bfloat16)
-    target = load_target(t_dir, dtype=torch.bfloat16, device=device)
-    drafter = load_drafter(a_dir, dtype=torch.bfloat16, device=device)
+    target = load_target(t_dir, dtype=torch.bfloat16, device=device, fast=True)
+    drafter = load_drafter(a_dir, dtype=torch.bfloat16, device=device, fast=True)
     prompt = random_prompt(t_dir, 16)
     forwards: dict[str, int] = {}
 

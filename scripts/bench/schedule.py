@@ -24,7 +24,8 @@ from safetensors.torch import load_file, save_file
 from bench.timing import median_ratio
 from cli.clock import RoundClock
 from gemma4 import greedy_generate, load_target
-from mtp import DraftLength, load_drafter, speculative_generate
+from mtp import DraftLength, load_drafter
+from mtp.engine import speculative_one
 
 CONSTANT = range(1, 9)
 AGAIN = " again"  # plain's and auto's second run in a repetition
@@ -48,10 +49,10 @@ def random_assistant(assistant_dir: Path, out: Path, seed: int = 0) -> Path:
 
 def schedule_section(target_dir: Path, assistant_dir: Path, random_dir: Path, prompt: list[int], tokens: int,
                      reps: int, k: int, interleaved: Callable) -> dict[str, Any]:
-    target = load_target(target_dir)
+    target = load_target(target_dir, fast=True)
     out: dict[str, Any] = {"tokens": tokens, "reps": reps, "k": k}
-    for pair, drafter in (("demo", load_drafter(assistant_dir)), ("random", load_drafter(random_assistant(
-            assistant_dir, random_dir)))):
+    for pair, drafter in (("demo", load_drafter(assistant_dir, fast=True)), ("random", load_drafter(random_assistant(
+            assistant_dir, random_dir), fast=True))):
         # auto first: it runs next to plain (below)
         lengths = {"auto": DraftLength(k, "auto", max_k=max(8, k))} | {f"K={n}": DraftLength(n) for n in CONSTANT}
         lengths["heuristic"] = DraftLength(k, "heuristic")
@@ -59,7 +60,7 @@ def schedule_section(target_dir: Path, assistant_dir: Path, random_dir: Path, pr
 
         def spec(name: str) -> list[int]:
             clock = RoundClock()  # every schedule's rounds timed alike: one clock read a round
-            last[name] = speculative_generate(target, drafter, prompt, tokens, lengths[name], on_commit=clock), clock
+            last[name] = speculative_one(target, drafter, prompt, tokens, lengths[name], on_round=clock.round), clock
             return last[name][0].tokens
 
         plain = lambda: greedy_generate(target, prompt, tokens)  # noqa: E731

@@ -21,7 +21,7 @@ import torch
 from gemma4 import KVCache
 from gemma4.model import Gemma4Model, ModelOutput
 from mtp import Drafter
-from mtp.speculative import target_kv
+from mtp.drafter import target_kv
 
 
 class Clock:

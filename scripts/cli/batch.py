@@ -3,7 +3,7 @@
 - `--prompt` and `--prompt-ids` may be given several times, one row each, and `--prompts-file FILE`
   (`-`: stdin) adds text prompts: one per line, or the blocks between lines holding only `---`, which
   may span lines. One prompt in all runs exactly as a single prompt; several run as one batch
-  (gemma4/generate.py `decode`, mtp/speculative.py) and each row's text is printed on stdout after a line `== row i: ...`;
+  (gemma4/engine.py `decode`, mtp/batch.py) and each row's text is printed on stdout after a line `== row i: ...`;
   the totals go to stderr.
 - With sampling, row i uses seed + i: `--seed` + i reproduces that row alone.
 - `--json` prints {"rows": [the one-prompt object of each row], "stats": {batch totals}}. A row's
@@ -23,13 +23,15 @@ from typing import Any
 
 from cli.clock import RoundClock
 from cli.options import UsageError
-from gemma4.generate import decode, sample_generate
+from gemma4.engine import decode
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
-from mtp import Drafter, speculative_generate
+from mtp import Drafter
 from mtp.schedule import DraftLength
 from mtp.batch import speculative_generate_batch
+from gemma4.engine import generate_one
+from mtp.engine import speculative_one
 
 
 SEPARATOR = "---"  # a line holding only this separates prompts that span lines
@@ -112,9 +114,9 @@ def run_batch(
 
     def one_after_another() -> list[list[int]]:
         if drafter is not None:
-            return [speculative_generate(model, drafter, ids, n, draft_length, stops, s, drafting,
+            return [speculative_one(model, drafter, ids, n, draft_length, stops, s, drafting,
                                          prefill_chunk=prefill_chunk).tokens for ids, n, s in zip(rows, budgets, samplers)]
-        return [sample_generate(model, ids, n, s, stops, prefill_chunk=prefill_chunk)
+        return [generate_one(model, ids, n, s, stops, prefill_chunk=prefill_chunk)
                 for ids, n, s in zip(rows, budgets, samplers)]
 
     start = time.perf_counter()

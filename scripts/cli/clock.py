@@ -10,7 +10,7 @@ its rounds: round i runs from the previous call to its own.
 import time
 from collections.abc import Callable
 
-from mtp.stats import SpecStats
+from mtp.stats import Round, SpecStats
 
 OnCommit = Callable[[list[int], list[bool]], None]  # (the committed block, per token: proposed by the drafter?)
 
@@ -28,6 +28,10 @@ class RoundClock:
         self.times.append(time.perf_counter())
         if self.on_commit is not None:
             self.on_commit(tokens, from_drafter)
+
+    def round(self, round: Round) -> None:
+        """The clock as a loop's `on_round`: the round's committed block and where each token came from."""
+        self(round.block, round.from_drafter)
 
     def seconds(self) -> list[float]:
         """(rounds,): each round's wall time, from the previous call to its own."""

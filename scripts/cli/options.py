@@ -47,7 +47,8 @@ from gemma4.vision.prompt import ImageError
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
-from mtp.speculative import DRAFTING, target_kv
+from mtp.drafter import target_kv
+from mtp.speculative import DRAFTING
 
 from cli.media import IMAGE_TOKENS_HELP
 
@@ -386,7 +387,7 @@ def most_drafts(length: DraftLength) -> int:
 def draft_room(budget: int, prefill_chunk: int | None) -> int:
     """The most drafts any round of a run can hold, whatever the schedule asks: the loop drafts within the budget
     (the first token comes from the prefill, and a round commits one token after its drafts: budget - 2) and within
-    one verify of the cache's slack (slack - 1, mtp/speculative.py step 1)."""
+    one verify of the cache's slack (slack - 1, mtp/engine.py step 1)."""
     return max(0, min(budget - 2, ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk) - 1))
 
 

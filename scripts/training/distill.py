@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gemma4.generate import decode
+from gemma4.engine import decode
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 

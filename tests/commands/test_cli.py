@@ -167,7 +167,7 @@ def test_a_12b_target_runs_and_refuses_media_tokens(tmp_path: Path, capsys: pyte
     config["audio_token_id"] = 501
     (target / "config.json").write_text(json.dumps(config))
     status, out, err = run_inprocess(capsys, ["--target", str(target), "--no-assistant", "--prompt-ids", "2,105,501,7"])
-    assert_one_line_failure(status, out, err, "token id 501 is a media soft token and nothing fills it: give its "
+    assert_one_line_failure(status, out, err, "token id 501 is a media soft token and nothing fills it: give the "
                                               "image, clip or frames")
 
 

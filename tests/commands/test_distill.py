@@ -15,7 +15,7 @@ import torch
 from gemma4 import KVCache, SamplerConfig, load_target, sample_generate
 from gemma4.sampling import warp
 from mtp import DraftLength, load_drafter, speculative_generate
-from mtp.speculative import target_kv
+from mtp.drafter import target_kv
 from training.distill import Distill, ce_loss, distill_loss, kl_loss, parse_losses, tv_loss, warped_top
 
 

@@ -19,15 +19,16 @@ import torch
 from gemma4 import Gemma4Tokenizer, SamplerConfig, load_target
 from gemma4.audio.loading import Audio, load_audio
 from gemma4.audio.prompt import PromptAudio
-from gemma4.generate import decode
+from gemma4.engine import decode
 from gemma4.media import Media
 from gemma4.model import Gemma4Model
 from gemma4.rows import choose
-from mtp import Conversation, DraftLength, load_drafter, speculative_generate
+from mtp import Conversation, DraftLength, load_drafter
 from mtp.batch import speculative_generate_batch
 from mtp.drafter import Drafter
 from tests.checkpoints import STOP_IDS, write_assistant, write_target
 from tests.tokenizer_fixture import write_tokenizer
+from mtp.engine import speculative_one
 
 NEW = 12
 CHUNK = 7
@@ -77,7 +78,7 @@ def test_speculative_equals_plain_equals_cache_free(audio_pair, sampler: Sampler
     for chunk in (None, CHUNK):
         assert decode(target, [ids], NEW, [sampler], prefill_chunk=chunk, audio=media)[0].tokens == reference
     for chunk, k in ((None, 3), (CHUNK, 1), (CHUNK, 4), (16, 2)):
-        spec = speculative_generate(target, drafter, ids, NEW, DraftLength(k), (), sampler, audio=media,
+        spec = speculative_one(target, drafter, ids, NEW, DraftLength(k), (), sampler, audio=media,
                                     prefill_chunk=chunk)
         assert spec.tokens == reference, f"prefill chunk {chunk}, K={k}"
     # The clips reach the model: the long clip's vectors in reversed order give other tokens.

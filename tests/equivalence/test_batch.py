@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, sample_generate
-from gemma4.generate import decode
+from gemma4.engine import decode
 from gemma4.rows import prefill
 from mtp import DraftLength, Drafter, speculative_generate, speculative_generate_batch
 from tests.checkpoints import SHAPES

@@ -15,16 +15,17 @@ import pytest
 import torch
 
 from gemma4 import Gemma4Tokenizer, SamplerConfig, load_target
-from gemma4.generate import decode
+from gemma4.engine import decode
 from gemma4.model import Gemma4Model
 from gemma4.rows import choose
 from gemma4.vision.loading import Vision, load_vision
 from gemma4.vision.prompt import PromptImages, expand
-from mtp import Conversation, DraftLength, load_drafter, speculative_generate
+from mtp import Conversation, DraftLength, load_drafter
 from mtp.drafter import Drafter
 from mtp.batch import speculative_generate_batch
 from tests.checkpoints import STOP_IDS, picture, write_assistant, write_target
 from tests.tokenizer_fixture import write_tokenizer
+from mtp.engine import speculative_one
 
 FAMILIES = {"e2b": None, "moe": None, "dense": True, "12b": None}  # shape -> both_ways (None: the file's default)
 NEW = 12
@@ -62,7 +63,7 @@ def test_speculative_equals_plain_equals_cache_free(image_pair, sampler: Sampler
     plain = decode(target, [ids], NEW, [sampler], images=images)[0].tokens
     assert plain == reference
     for chunk, k in ((None, 3), (16, 1), (5, 4)):  # chunks shorter than an image, and than the window
-        spec = speculative_generate(target, drafter, ids, NEW, DraftLength(k), (), sampler, images=images,
+        spec = speculative_one(target, drafter, ids, NEW, DraftLength(k), (), sampler, images=images,
                                     prefill_chunk=chunk)
         assert spec.tokens == reference, f"prefill chunk {chunk}, K={k}"
 

@@ -96,16 +96,18 @@ CORRECT_ACCEPT, CORRECT_REJECTION = rules.accept, rules.accept_rejection
 
 
 def correct_keyed(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201
-    """The product's keyed rule (argmax drafting): `accept` with a sampler and no q."""
-    return CORRECT_ACCEPT(rule, drafts, logits, sampler, t, None, None)
+    """The product's keyed rule (argmax drafting): `accept` with a sampler and no q, as (a, the token added)."""
+    targets = CORRECT_ACCEPT(rule, drafts, logits, sampler, t, None)
+    return len(targets) - 1, targets[-1]
 
 
 def keyed_replaced(replacement):  # noqa: ANN001, ANN201
     """The loop's `accept` with its keyed rule (a sampler, no q) replaced; greedy and rejection as they are."""
-    def accept(rule, drafts, logits, sampler, t, q, greedy):  # noqa: ANN001, ANN202
+    def accept(rule, drafts, logits, sampler, t, q):  # noqa: ANN001, ANN202
         if sampler is None or (q is not None and drafts):
-            return CORRECT_ACCEPT(rule, drafts, logits, sampler, t, q, greedy)
-        return replacement(rule, drafts, logits, sampler, t)
+            return CORRECT_ACCEPT(rule, drafts, logits, sampler, t, q)
+        a, token = replacement(rule, drafts, logits, sampler, t)
+        return drafts[:a] + [token]  # g_0..g_a, as `accept` returns them
     return accept
 
 RAW_Q: list[torch.Tensor] = []  # softmax of the raw drafter logits of every draft step (see raw_q_spy)
@@ -128,7 +130,8 @@ def keyed_transformers(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN20
     """Argmax drafts, but the ratio test (and residual) against the raw q, as transformers 5.22.2 does."""
     if not drafts:  # a round that drafted nothing: no test to run
         return correct_keyed(rule, drafts, logits, sampler, t)
-    return CORRECT_REJECTION(rule, drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)  # q: (K, V)
+    targets = CORRECT_REJECTION(rule, drafts, torch.stack(RAW_Q[-len(drafts):]), logits, sampler, t)  # q: (K, V)
+    return len(targets) - 1, targets[-1]
 
 
 def keyed_wrong_bonus(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201

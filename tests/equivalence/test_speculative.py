@@ -20,6 +20,7 @@ from mtp import SCHEDULES, Drafter, DraftLength, load_drafter, speculative_gener
 from tests.checkpoints import SHAPES
 from tests.measured import ACCEPTANCE  # printed by the terminal summary
 from tests.pairs import DRAFTERS, PROMPTS, plain, prompt  # the `models` fixture is in conftest.py
+from mtp.engine import speculative_one
 
 KS = (1, 2, 3, 4, 6, 8)
 
@@ -182,8 +183,8 @@ def test_cache_length_and_statistics_match_a_recount(models, monkeypatch: pytest
 
         monkeypatch.setattr(target, "run", spy)
         monkeypatch.setattr(draft_model, "propose", spy_propose)
-        result = speculative_generate(target, draft_model, p, 37, DraftLength(3),
-                                      on_commit=lambda block, _: committed.__setitem__(0, committed[0] + len(block)))
+        result = speculative_one(target, draft_model, p, 37, DraftLength(3),
+                                      on_round=lambda r: committed.__setitem__(0, committed[0] + len(r.block)))
         monkeypatch.undo()
         # Every round starts with the cache holding exactly the committed tokens but the newest.
         assert all(start == length == n - 1 for start, length, n in seen)

@@ -23,17 +23,20 @@ from gemma4 import (
 from gemma4.cache import EMPTY
 from gemma4.extras.memory import cache_bytes
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
-from gemma4.generate import decode, sample_generate
+from gemma4.engine import decode
+from gemma4.generate import sample_generate
 from gemma4.rows import prefill
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate, speculative_generate_batch
 from mtp.extras.conversation import common_prefix
 from mtp.extras.growing import GrowingCache
-from mtp.speculative import target_kv
+from mtp.drafter import target_kv
 from tests.checkpoints import SHAPES, STOP_IDS
 from tests.pairs import plain
 from tests.tf_oracle import tf_logits, tf_target
 from tests.tokenizer_fixture import write_tokenizer
 from tests.tolerance import EPS32, FLOOR, RATIO, SAME_MATH, assert_fp32_parity
+from gemma4.engine import generate_one
+from mtp.engine import speculative_one
 
 W = 8  # the target's sliding window (tests/checkpoints.py)
 SLACK = 5  # the rings: W + 5 = 13 slots, verifies of up to 4 drafts
@@ -160,9 +163,9 @@ def test_chunked_prefill_tokens_equal_one_pass(models, chunk: int) -> None:  # n
     for sampler in (GREEDY, SAMPLER):
         one_pass = sample_generate(target, ODD, NEW, sampler)
         cache = ring(target, n, slack=chunk)
-        assert sample_generate(target, ODD, NEW, sampler, cache=cache) == one_pass
+        assert generate_one(target, ODD, NEW, sampler, cache=cache) == one_pass
         assert written(cache) == n - 1 > 4 * cache.ring
-    assert sample_generate(target, ODD, NEW, GREEDY, prefill_chunk=chunk) == \
+    assert generate_one(target, ODD, NEW, GREEDY, prefill_chunk=chunk) == \
         sample_generate(target, ODD, NEW, GREEDY)  # prefill_chunk= on a cache the call makes
 
 
@@ -180,10 +183,10 @@ def test_speculative_equals_plain_and_cache_free(models, shape: str, k: int) -> 
     expected = plain(target, PROMPT, NEW, decoder=reference_greedy)
     n = len(PROMPT) + NEW
     cache = ring(target, n)
-    assert sample_generate(target, PROMPT, NEW, GREEDY, cache=cache) == expected
+    assert generate_one(target, PROMPT, NEW, GREEDY, cache=cache) == expected
     for name, drafter in (("echo", echo), ("random", models[shape, "random"][1])):
         cache = ring(target, n)
-        result = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(k), cache=cache)
+        result = speculative_one(target, drafter, PROMPT, NEW, DraftLength(k), cache=cache)
         assert result.tokens == expected, name
         assert written(cache) > 4 * cache.ring
         wrapped = [(t, kk, a) for t, kk, a in rounds(result, len(PROMPT)) if crosses(t, kk + 1, cache.ring)]
@@ -197,7 +200,7 @@ def test_draft_length_is_capped_by_the_slack(models) -> None:  # noqa: ANN001
     """A schedule asking for more drafts than the slack can verify drafts slack - 1: the tokens are the same."""
     target, drafter = models["dense", "echo"]
     cache = ring(target, len(PROMPT) + NEW)
-    result = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(8), cache=cache)
+    result = speculative_one(target, drafter, PROMPT, NEW, DraftLength(8), cache=cache)
     assert result.tokens == plain(target, PROMPT, NEW, decoder=reference_greedy)
     assert max(len(r.drafted) for r in result.stats.rounds) == SLACK - 1
 
@@ -209,13 +212,13 @@ def test_sampling_on_a_small_ring(models) -> None:  # noqa: ANN001
     target, drafter = models["e2b", "echo"]
     n = len(PROMPT) + NEW
     plain = sample_generate(target, PROMPT, NEW, SAMPLER)  # one prefill, ring = capacity
-    assert sample_generate(target, PROMPT, NEW, SAMPLER, cache=ring(target, n)) == plain
-    argmax = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(3), sampler=SAMPLER, cache=ring(target, n))
+    assert generate_one(target, PROMPT, NEW, SAMPLER, cache=ring(target, n)) == plain
+    argmax = speculative_one(target, drafter, PROMPT, NEW, DraftLength(3), sampler=SAMPLER, cache=ring(target, n))
     assert argmax.tokens == plain
     small = ring(target, n)
-    sampled = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(3), sampler=SAMPLER, drafting="sample",
+    sampled = speculative_one(target, drafter, PROMPT, NEW, DraftLength(3), sampler=SAMPLER, drafting="sample",
                                    cache=small)
-    whole = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(3), sampler=SAMPLER, drafting="sample",
+    whole = speculative_one(target, drafter, PROMPT, NEW, DraftLength(3), sampler=SAMPLER, drafting="sample",
                                  cache=unbounded(target, n))
     assert sampled.tokens == whole.tokens
     assert [(r.drafted, r.accepted) for r in sampled.stats.rounds] == [(r.drafted, r.accepted)
@@ -238,7 +241,7 @@ def test_batch_rows_equal_solo_runs(models) -> None:  # noqa: ANN001
     assert [r.tokens for r in decode(target, prompts, budgets, prefill_chunk=64)] == expected
     batch = speculative_generate_batch(target, drafter, prompts, budgets, DraftLength(4), prefill_chunk=64)
     for b, (p, n) in enumerate(zip(prompts, budgets)):
-        solo = speculative_generate(target, drafter, p, n, DraftLength(4), prefill_chunk=64)
+        solo = speculative_one(target, drafter, p, n, DraftLength(4), prefill_chunk=64)
         assert batch[b].tokens == solo.tokens == expected[b], b
         assert [(r.drafted, r.accepted) for r in batch[b].stats.rounds] == \
             [(r.drafted, r.accepted) for r in solo.stats.rounds], b
@@ -311,8 +314,8 @@ def test_textbook_modules_on_a_small_ring(make_pair) -> None:  # noqa: ANN001
     target, drafter = load_target(target_dir, fast=False), load_drafter(assistant_dir, fast=False)
     expected = plain(target, PROMPT, NEW, decoder=reference_greedy)
     n = len(PROMPT) + NEW
-    assert sample_generate(target, PROMPT, NEW, GREEDY, cache=ring(target, n)) == expected
-    result = speculative_generate(target, drafter, PROMPT, NEW, DraftLength(4), cache=ring(target, n))
+    assert generate_one(target, PROMPT, NEW, GREEDY, cache=ring(target, n)) == expected
+    result = speculative_one(target, drafter, PROMPT, NEW, DraftLength(4), cache=ring(target, n))
     assert result.tokens == expected and 0 < result.stats.acceptance_rate < 1
 
 
@@ -324,9 +327,9 @@ def test_static_steps_on_a_small_ring(models) -> None:  # noqa: ANN001
     st, sd = StaticTarget(target), StaticDrafter(drafter)
     cache = StaticKVCache(target.config, len(PROMPT) + NEW, slack=SLACK, align=1)
     assert cache.ring == W + SLACK
-    assert sample_generate(st, PROMPT, NEW, GREEDY, cache=cache) == expected
+    assert generate_one(st, PROMPT, NEW, GREEDY, cache=cache) == expected
     cache.length = torch.tensor([0])  # the next run holds nothing of it: a prefill from position 0
-    result = speculative_generate(st, sd, PROMPT, NEW, DraftLength(4), cache=cache)
+    result = speculative_one(st, sd, PROMPT, NEW, DraftLength(4), cache=cache)
     assert result.tokens == expected and cache.frontier > 4 * cache.ring
     assert any(r.accepted < len(r.drafted) for r in result.stats.rounds)
 

@@ -40,18 +40,19 @@ from gemma4.audio.features import frames, log_mel
 from gemma4.audio.loading import Audio, load_audio
 from gemma4.audio.prompt import PromptAudio
 from gemma4.audio.prompt import expand as expand_audio
-from gemma4.generate import greedy_generate
 from gemma4.media import Media, Span, joined
 from gemma4.tokenizer import Gemma4Tokenizer
 from gemma4.vision.loading import Vision, load_vision
 from gemma4.vision.processor import process
 from gemma4.vision.prompt import PromptImages
 from gemma4.vision.prompt import expand as expand_images
-from mtp import DraftLength, load_drafter, speculative_generate
+from mtp import DraftLength, load_drafter
 from tests.checkpoints import IMAGE_PATCH, IMAGE_SOFT_TOKENS, STOP_IDS, picture, write_assistant, write_target
 from tests.tf_oracle import tf_target
 from tests.tokenizer_fixture import write_tokenizer
 from tests.tolerance import assert_fp32_parity
+from gemma4.engine import generate_one
+from mtp.engine import speculative_one
 
 NEW = 16
 
@@ -228,7 +229,7 @@ def test_greedy_tokens_equal_transformers_generate(case, tmp_path: Path, tokeniz
         sliding_only(monkeypatch)
     ids, images, audio_media, audio, vision = prompt(name, path, torch.float64, tokenizer_file)
     ours = load_target(path, dtype=torch.float64, fast=False)
-    mine = greedy_generate(ours, ids, NEW, STOP_IDS, images=images, audio=audio_media)
+    mine = generate_one(ours, ids, NEW, None, STOP_IDS, images=images, audio=audio_media)
     x = torch.tensor([ids])
     extra = tf_media(name, ids, audio, vision, "transformers")
     extra["input_features"] = extra["input_features"].double()
@@ -237,11 +238,11 @@ def test_greedy_tokens_equal_transformers_generate(case, tmp_path: Path, tokeniz
     assert out[0, len(ids):].tolist() == mine and len(mine) == NEW
     drafter = load_drafter(write_assistant(tmp_path / "a", path, ordered_embeddings=CASES[name][0] == "e2b",
                                            echo=True, seed=2), dtype=torch.float64)
-    spec = speculative_generate(ours, drafter, ids, NEW, DraftLength(3), STOP_IDS, images=images, audio=audio_media,
+    spec = speculative_one(ours, drafter, ids, NEW, DraftLength(3), STOP_IDS, images=images, audio=audio_media,
                                 prefill_chunk=7)
     assert spec.tokens == mine
     first = audio_media.rows[0][0]
     assert any(first.start < end < first.end for end in range(7, len(ids), 7))  # a chunk ends inside the clip
     clips = [s.vectors.flip(0) if s is first else s.vectors for s in audio_media.rows[0]]
     reversed_first = PromptAudio([ids], [clips], audio.tokens)
-    assert greedy_generate(ours, ids, NEW, STOP_IDS, images=images, audio=reversed_first) != mine
+    assert generate_one(ours, ids, NEW, None, STOP_IDS, images=images, audio=reversed_first) != mine

@@ -14,7 +14,7 @@ from gemma4 import ConfigError, KVCache, load_target
 from gemma4.cache import KV
 from mtp import DraftLength, check_pair, load_drafter, speculative_generate
 from mtp.loading import drafter_config_from_dict
-from mtp.speculative import target_kv
+from mtp.drafter import target_kv
 from tests.checkpoints import SHAPES, write_assistant, write_target
 from tests.pairs import prompt
 from tests.tf_oracle import tf_assisted_greedy, tf_assistant, tf_draft, tf_drafter_step, tf_target, tf_target_outputs

@@ -18,13 +18,15 @@ from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImagePr
 
 from gemma4 import SamplerConfig, load_target
 from gemma4.fast.static import StaticKVCache, StaticTarget
-from gemma4.generate import greedy_generate, sample_generate
+from gemma4.generate import greedy_generate
 from gemma4.vision.loading import load_vision
 from gemma4.vision.processor import process
 from mtp import DraftLength, load_drafter, speculative_generate
 from tests.checkpoints import IMAGE_SOFT_TOKENS, MEDIA_IDS, STOP_IDS, picture, write_assistant, write_target
 from tests.tf_oracle import tf_greedy, tf_target
 from tests.tolerance import assert_fp32_parity
+from gemma4.engine import generate_one
+from mtp.engine import speculative_one
 
 FAMILIES = {"e2b": None, "moe": None, "dense": True, "12b": None}  # shape -> both_ways (None: TF's default)
 
@@ -94,11 +96,11 @@ def test_speculative_equals_plain_over_an_image_prompt(shape: str, tmp_path: Pat
     target, vision = load_target(path), load_vision(path)
     vectors = [vision.encode(process(p, vision.processing)) for p in PICTURES]
     ids, images = vision.prompt([2, 10, vision.tokens.boi, 12, vision.tokens.boi, 14], vectors)
-    plain = greedy_generate(target, ids, 12, images=images)
+    plain = generate_one(target, ids, 12, None, images=images)
     for chunk in (None, 16):
-        spec = speculative_generate(target, drafter, ids, 12, DraftLength(3), images=images, prefill_chunk=chunk)
+        spec = speculative_one(target, drafter, ids, 12, DraftLength(3), images=images, prefill_chunk=chunk)
         assert spec.tokens == plain
-    assert greedy_generate(target, ids, 12, images=images, prefill_chunk=16) == plain
+    assert generate_one(target, ids, 12, None, images=images, prefill_chunk=16) == plain
 
 
 @torch.no_grad()
@@ -118,7 +120,7 @@ def test_greedy_tokens_equal_transformers_generate(image_target, monkeypatch: py
     ours, vision = load_target(path, dtype=torch.float64, fast=False), load_vision(path, dtype=torch.float64)
     vectors = [vision.encode(process(p, vision.processing)) for p in PICTURES]
     ids, images = vision.prompt([2, 10, vision.tokens.boi, 12, 13, vision.tokens.boi, 14], vectors)
-    mine = greedy_generate(ours, ids, 16, STOP_IDS, images=images)
+    mine = generate_one(ours, ids, 16, None, STOP_IDS, images=images)
     tf = tf_target(path, dtype=torch.float64)
     x = torch.tensor([ids])
     out = tf.generate(input_ids=x, attention_mask=torch.ones_like(x), mm_token_type_ids=(x == vision.tokens.soft).long(),
@@ -150,4 +152,4 @@ def test_a_generated_media_id_embeds_as_transformers_does(tmp_path: Path) -> Non
     assert speculative_generate(ours, drafter, ids, 16, DraftLength(3)).tokens == mine
     static = StaticTarget(ours)
     cache = StaticKVCache(ours.config, 32, torch.float64, align=1)
-    assert sample_generate(static, ids, 16, SamplerConfig(temperature=0), cache=cache) == mine
+    assert generate_one(static, ids, 16, SamplerConfig(temperature=0), cache=cache) == mine

@@ -36,17 +36,18 @@ from transformers.video_processing_utils import BaseVideoProcessor
 from transformers.video_utils import VideoMetadata
 
 from gemma4 import load_target
-from gemma4.generate import greedy_generate
 from gemma4.media import Media
 from gemma4.tokenizer import Gemma4Tokenizer
 from gemma4.vision.loading import load_vision
 from gemma4.vision.video import (Frames, VideoConfig, VideoError, frame_files, frame_pixels, place_media, read_video,
                                  sample, timestamp, video_config)
-from mtp import DraftLength, load_drafter, speculative_generate
+from mtp import DraftLength, load_drafter
 from tests.checkpoints import IMAGE_PATCH, MEDIA_IDS, STOP_IDS, picture, write_assistant, write_target
 from tests.tf_oracle import tf_target
 from tests.tokenizer_fixture import write_tokenizer
 from tests.tolerance import assert_fp32_parity
+from gemma4.engine import generate_one
+from mtp.engine import speculative_one
 
 
 def class_constants(module_file: str, name: str) -> dict[str, object]:
@@ -266,7 +267,7 @@ def test_greedy_tokens_equal_transformers_generate(video_target, tokenizer: Gemm
     if shape == "12b":
         monkeypatch.setattr(unified, "create_masks_for_generate", both_ways_on_sliding_layers_only)
     ids, media, video = prompt(path, frames, torch.float64, tokenizer)
-    mine = greedy_generate(load_target(path, dtype=torch.float64, fast=False), ids, 16, STOP_IDS, images=media)
+    mine = generate_one(load_target(path, dtype=torch.float64, fast=False), ids, 16, None, STOP_IDS, images=media)
     x = torch.tensor([ids])
     out = tf_target(path, dtype=torch.float64).generate(
         input_ids=x, attention_mask=torch.ones_like(x), mm_token_type_ids=2 * (x == MEDIA_IDS["video_token_id"]).long(),
@@ -281,11 +282,11 @@ def test_speculative_equals_plain_over_a_video_prompt(tmp_path: Path, tokenizer:
     drafter = load_drafter(write_assistant(tmp_path / "a", path, ordered_embeddings=False, echo=True, seed=2))
     ids, media, _ = prompt(path, tmp_path / "frames", torch.float32, tokenizer)
     target = load_target(path)
-    plain = greedy_generate(target, ids, 12, images=media)
+    plain = generate_one(target, ids, 12, None, images=media)
     for chunk in (None, 16):
-        spec = speculative_generate(target, drafter, ids, 12, DraftLength(3), images=media, prefill_chunk=chunk)
+        spec = speculative_one(target, drafter, ids, 12, DraftLength(3), images=media, prefill_chunk=chunk)
         assert spec.tokens == plain
-    assert greedy_generate(target, ids, 12, images=media, prefill_chunk=16) == plain
+    assert generate_one(target, ids, 12, None, images=media, prefill_chunk=16) == plain
 
 
 def test_one_line_errors(e2b: Path, tmp_path: Path, tokenizer: Gemma4Tokenizer) -> None:

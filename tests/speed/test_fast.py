@@ -139,13 +139,13 @@ def test_timing_noise_changes_no_choice(pairs: dict[str, tuple[Path, Path]], mon
     assert not hasattr(gemma4.fast.kernels, "time")  # no timer in the module that decides
     weights = [torch.empty(PACK_MIN // 1024, 1024), torch.empty(512, 512), torch.empty(1536, 12288)]
     expected = [choose(w) for w in weights]
-    target = load_target(pairs["moe"][0])
+    target = load_target(pairs["moe"][0], fast=True)
     loaded = kernels_of(target)
     clock, noise = time.perf_counter, random.Random(0)
     monkeypatch.setattr(time, "perf_counter", lambda: clock() * noise.uniform(0.7, 1.3))
     for _ in range(20):
         assert [choose(w) for w in weights] == expected
-    assert kernels_of(load_target(pairs["moe"][0])) == loaded
+    assert kernels_of(load_target(pairs["moe"][0], fast=True)) == loaded
 
 
 def test_fast_false_gives_the_textbook_modules(pairs: dict[str, tuple[Path, Path]]) -> None:
@@ -158,7 +158,7 @@ def test_fast_false_gives_the_textbook_modules(pairs: dict[str, tuple[Path, Path
 
 
 def test_the_loaders_swap_every_projection_and_report_one_decision_per_shape(pairs: dict[str, tuple[Path, Path]]) -> None:
-    target = load_target(pairs["moe"][0])
+    target = load_target(pairs["moe"][0], fast=True)
     choices = {(c.shape, c.dtype): c for c in kernels_of(target)}
     assert len(choices) == len(kernels_of(target)) and all(isinstance(c, Choice) for c in choices.values())
     for product in products(target):  # each product follows the decision of its (shape, dtype)
@@ -206,7 +206,7 @@ def assert_same_as_textbook(fast: tuple[Gemma4Model, Drafter], plain: tuple[Gemm
 def test_fast_and_textbook_give_the_same_tokens(pairs: dict[str, tuple[Path, Path]], shape: str) -> None:
     exact = load_target(pairs[shape][0], dtype=torch.float64, fast=False)
     plain = textbook(pairs[shape])
-    assert_same_as_textbook((load_target(pairs[shape][0]), load_drafter(pairs[shape][1])), plain, exact)
+    assert_same_as_textbook((load_target(pairs[shape][0], fast=True), load_drafter(pairs[shape][1], fast=True)), plain, exact)
     for kernels in (PLAIN, PACKED):
         assert_same_as_textbook(forced(pairs[shape], kernels), plain, exact)
 
@@ -239,7 +239,7 @@ def test_the_state_dict_is_the_checkpoints(pairs: dict[str, tuple[Path, Path]], 
 
 def test_a_fast_model_refuses_to_train_and_a_textbook_one_trains(pairs: dict[str, tuple[Path, Path]]) -> None:
     ids = torch.tensor([PROMPT])
-    fast = load_target(pairs["dense"][0]).train().requires_grad_(True)
+    fast = load_target(pairs["dense"][0], fast=True).train().requires_grad_(True)
     with pytest.raises(RuntimeError, match="fast=False"):
         fast(ids)
     plain = load_target(pairs["dense"][0], fast=False).train().requires_grad_(True)
@@ -268,16 +268,16 @@ def test_without_onednn_nothing_is_packed(pairs: dict[str, tuple[Path, Path]], m
     """A torch build without oneDNN: the loaders still load, and generation runs plain."""
     expected = greedy_generate(textbook(pairs["e2b"])[0], PROMPT, 16)
     monkeypatch.setattr(gemma4.fast.kernels, "ONEDNN", False)
-    target = load_target(pairs["e2b"][0])
+    target = load_target(pairs["e2b"][0], fast=True)
     assert all(not c.packed and c.kernels == PLAIN and c.why == NO_KERNEL for c in kernels_of(target))
     assert all(not p.packed for p in products(target))
     assert greedy_generate(target, PROMPT, 16) == expected
 
 
 def test_loading_under_inference_mode(pairs: dict[str, tuple[Path, Path]]) -> None:
-    expected = greedy_generate(load_target(pairs["e2b"][0]), PROMPT, 8)
+    expected = greedy_generate(load_target(pairs["e2b"][0], fast=True), PROMPT, 8)
     with torch.inference_mode():
-        target = load_target(pairs["e2b"][0])
+        target = load_target(pairs["e2b"][0], fast=True)
     assert greedy_generate(target, PROMPT, 8) == expected
 
 
@@ -303,7 +303,7 @@ def test_fast_rms_norm_is_the_textbook_norm(dtype: torch.dtype) -> None:
 def test_the_speed_layer_swaps_every_norm_and_keeps_its_weight(pairs: dict[str, tuple[Path, Path]]) -> None:
     from gemma4.fast.norms import FastRMSNorm
     from gemma4.norms import RMSNorm
-    target, fast = load_target(pairs["e2b"][0], fast=False), load_target(pairs["e2b"][0])
+    target, fast = load_target(pairs["e2b"][0], fast=False), load_target(pairs["e2b"][0], fast=True)
     plain_norms = {n: m for n, m in target.named_modules() if isinstance(m, RMSNorm)}
     fast_norms = {n: m for n, m in fast.named_modules() if isinstance(m, FastRMSNorm)}
     assert plain_norms and set(plain_norms) == set(fast_norms)
@@ -318,7 +318,7 @@ def test_a_fast_model_samples_the_same_tokens_as_the_textbook(pairs: dict[str, t
     plain and speculative with sample drafting."""
     from gemma4 import SamplerConfig, sample_generate
     plain_target, plain_drafter = textbook(pairs["e2b"])
-    target, drafter = load_target(pairs["e2b"][0]), load_drafter(pairs["e2b"][1])
+    target, drafter = load_target(pairs["e2b"][0], fast=True), load_drafter(pairs["e2b"][1], fast=True)
     sampler = SamplerConfig(temperature=1.0, top_k=20, top_p=0.9, seed=4)
     assert sample_generate(target, PROMPT, 16, sampler) == sample_generate(plain_target, PROMPT, 16, sampler)
     fast = speculative_generate(target, drafter, PROMPT, 16, DraftLength(3), sampler=sampler, drafting="sample")

@@ -16,8 +16,8 @@ SAMPLER = SamplerConfig(temperature=0.8, top_k=40, top_p=0.9, seed=7)
 
 def test_two_models_sample_by_their_own_rules(make_pair) -> None:  # noqa: ANN001 (conftest's fixture)
     target_dir, assistant_dir = make_pair("e2b", ordered_embeddings=True, echo=True)
-    cpu, device_like = load_target(target_dir), load_target(target_dir)
-    drafter = load_drafter(assistant_dir)
+    cpu, device_like = load_target(target_dir, fast=True), load_target(target_dir, fast=True)
+    drafter = load_drafter(assistant_dir, fast=True)
     assert cpu.sampling is TEXTBOOK and device_like.sampling is TEXTBOOK  # the speed layer on the CPU keeps it
     ids = prompt(9)
     before = sample_generate(cpu, ids, 16, SAMPLER)

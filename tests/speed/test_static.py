@@ -28,10 +28,12 @@ from gemma4.fast.kernels import ONEDNN
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.weights import file_reader
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate
-from mtp.speculative import target_kv
+from mtp.drafter import target_kv
 from tests.checkpoints import SHAPES, STOP_IDS
 from tests.pairs import prompt
 from tests.tokenizer_fixture import write_tokenizer
+from gemma4.engine import generate_one
+from mtp.engine import speculative_one
 
 N = 20  # new tokens: the long prompt (21) and these cross the target's window (8) and the drafter's (6)
 SAMPLER = SamplerConfig(temperature=0.9, top_k=40, seed=5)
@@ -56,9 +58,9 @@ def test_plain_equals_textbook(models, shape: str) -> None:  # noqa: ANN001
     target, drafter = models[shape, "echo"]
     st, _, cache = static(target, drafter)
     ids = prompt("long")
-    assert sample_generate(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)
+    assert generate_one(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)
     cache.length = torch.tensor([0])  # the next run holds nothing of it: a prefill from position 0
-    assert sample_generate(st, ids, N, SAMPLER, cache=cache) == sample_generate(target, ids, N, SAMPLER)
+    assert generate_one(st, ids, N, SAMPLER, cache=cache) == sample_generate(target, ids, N, SAMPLER)
 
 
 @pytest.mark.parametrize("drafting", ["greedy", "argmax", "sample"])
@@ -69,7 +71,7 @@ def test_speculative_equals_textbook(models, shape: str, k: int, drafting: str) 
     st, sd, cache = static(target, drafter)
     ids = prompt("long")
     sampler, how = (None, "argmax") if drafting == "greedy" else (SAMPLER, drafting)
-    ours = speculative_generate(st, sd, ids, N, DraftLength(k), sampler=sampler, drafting=how, cache=cache)
+    ours = speculative_one(st, sd, ids, N, DraftLength(k), sampler=sampler, drafting=how, cache=cache)
     textbook = speculative_generate(target, drafter, ids, N, DraftLength(k), sampler=sampler, drafting=how)
     assert ours.tokens == textbook.tokens
     assert [r.drafted for r in ours.stats.rounds] == [r.drafted for r in textbook.stats.rounds]
@@ -125,9 +127,9 @@ def test_a_static_target_stops_at_its_context(models) -> None:  # noqa: ANN001
     st, sd, _ = static(target, drafter, context=context)
     assert st.config.max_position_embeddings == context and target.config.max_position_embeddings > context
     cache = StaticKVCache(target.config, context)
-    assert sample_generate(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)[:6]
+    assert generate_one(st, ids, N, SamplerConfig(0.0), cache=cache) == greedy_generate(target, ids, N)[:6]
     cache.length = torch.tensor([0])  # the next run holds nothing of it
-    spec = speculative_generate(st, sd, ids, N, DraftLength(4), cache=cache)
+    spec = speculative_one(st, sd, ids, N, DraftLength(4), cache=cache)
     assert spec.tokens == greedy_generate(target, ids, N)[:6] and spec.finish_reason == "length"
 
 
@@ -144,9 +146,9 @@ def test_capacities_are_aligned(models) -> None:  # noqa: ANN001
     aligned = StaticKVCache(target.config, context)
     assert aligned.capacity % 64 == 0 and aligned.capacity > context
     expected = greedy_generate(target, ids, N)
-    assert sample_generate(st, ids, N + 5, SamplerConfig(0.0), cache=aligned) == expected  # cut at the context
+    assert generate_one(st, ids, N + 5, SamplerConfig(0.0), cache=aligned) == expected  # cut at the context
     aligned.length = torch.tensor([0])  # the next run holds nothing of it
-    assert speculative_generate(st, StaticDrafter(drafter), ids, N, DraftLength(4), cache=aligned).tokens == expected
+    assert speculative_one(st, StaticDrafter(drafter), ids, N, DraftLength(4), cache=aligned).tokens == expected
 
 
 def test_the_cache_writes_at_device_positions_and_reads_whole_buffers(models) -> None:  # noqa: ANN001
@@ -225,10 +227,10 @@ def test_compiled_equals_eager(models, shape: str) -> None:  # noqa: ANN001
         cache.length = torch.tensor([0])  # each run holds nothing of the last: a prefill from position 0
         return cache
 
-    assert sample_generate(st, ids, n, SamplerConfig(0.0), cache=fresh(cache)) == \
-        sample_generate(eager_target, ids, n, SamplerConfig(0.0), cache=fresh(cache))
-    spec = speculative_generate(st, sd, ids, n, DraftLength(1), cache=fresh(cache))
-    assert spec.tokens == speculative_generate(eager_target, eager_drafter, ids, n, DraftLength(1),
+    assert generate_one(st, ids, n, SamplerConfig(0.0), cache=fresh(cache)) == \
+        generate_one(eager_target, ids, n, SamplerConfig(0.0), cache=fresh(cache))
+    spec = speculative_one(st, sd, ids, n, DraftLength(1), cache=fresh(cache))
+    assert spec.tokens == speculative_one(eager_target, eager_drafter, ids, n, DraftLength(1),
                                                cache=fresh(cache)).tokens
     assert spec.tokens == greedy_generate(target, ids, n)
 
@@ -254,7 +256,7 @@ def test_every_k_the_schedule_may_choose_is_compiled(models, schedule: str) -> N
     for compiled_rows in (rows, (1, 5)):
         st, sd, cache = static(target, drafter, n, compiled_rows=compiled_rows)
         st.step = st.forward  # the routing, not the compiler
-        spec = speculative_generate(st, sd, ids, n, DraftLength(4, schedule, **fixed), cache=cache)
+        spec = speculative_one(st, sd, ids, n, DraftLength(4, schedule, **fixed), cache=cache)
         assert spec.tokens == expected
         chosen = {len(r.drafted) + 1 for r in spec.stats.rounds}
         assert st.eager_steps == sum(len(r.drafted) + 1 not in compiled_rows for r in spec.stats.rounds)

@@ -11,7 +11,7 @@ import torch
 from bench.syncs import METHODS, SAMPLED, host_reads, per_step
 from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.sampling import TOKEN_STREAM, sample
-from gemma4.generate import decode
+from gemma4.engine import decode
 from mtp import DraftLength, speculative_generate_batch
 from tests.pairs import DRAFTERS, prompt
 from tests.checkpoints import SHAPES
