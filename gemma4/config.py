@@ -1,10 +1,10 @@
-"""Gemma 4 text configuration: a frozen dataclass with the geometry of every layer (read from `config.json` by
-gemma4/config_file.py).
+"""Gemma 4 text configuration: a frozen dataclass with the geometry of every layer (read from
+`config.json` by gemma4/config_file.py).
 
 Facts a reader must know (gemma4/README.md §1-§3):
 - Sliding and full layers have different head sizes and, on K=V models, different kv-head counts.
-- The last `num_kv_shared_layers` layers own no K/V: they read the last non-shared layer of their type. Those two
-  "source" layers are also exactly what the MTP drafter reads."""
+- The last `num_kv_shared_layers` layers own no K/V: they read the last non-shared layer of their
+  type. Those two "source" layers are also exactly what the MTP drafter reads."""
 
 from dataclasses import dataclass
 
@@ -50,7 +50,8 @@ class TextConfig:
     # Ids that stand for an image, video or audio soft token in a multimodal file. Their rows of the
     # embedding table are never trained as text: a text-only model refuses them in a prompt.
     media_token_ids: tuple[int, ...] = ()
-    image_token_id: int | None = None  # the one of them an image's vectors replace (gemma4/README.md §19)
+    # the one of them an image's vectors replace (gemma4/README.md §19)
+    image_token_id: int | None = None
 
     @property
     def first_shared_layer(self) -> int:
@@ -61,8 +62,8 @@ class TextConfig:
 
     def kv_source(self, layer_type: str) -> int:
         """The last non-shared layer of this type: shared layers and the drafter read its K/V."""
-        candidates = [i for i in range(self.first_shared_layer) if self.layer_types[i] == layer_type]
-        return candidates[-1]
+        owners = range(self.first_shared_layer)
+        return [i for i in owners if self.layer_types[i] == layer_type][-1]
 
     def mlp_width(self, layer: int) -> int:
         # Only E2B sets use_double_wide_mlp: its KV-shared layers get twice the MLP width.

@@ -3,7 +3,7 @@ loop (gemma4/generate.py) leaves out: a streaming callback, a held cache prefix,
 
 Every row chooses its tokens as the textbook loop would at its own positions, so its tokens are that loop's on the
 same prompt (the tests hold them equal). The rows, their cache and their prefill: gemma4/rows.py. A row that
-chooses a stop id or spends its budget leaves the batch (`cache.keep`).
+chooses a stop id or spends its budget leaves the batch (`keep`).
 
 Shape legend: B rows still running, V vocab."""
 
@@ -15,7 +15,7 @@ import torch
 from gemma4.cache import KVCache
 from gemma4.media import joined
 from gemma4.model import Gemma4Model
-from gemma4.rows import Request, check_rows, choose, finish_reason, new_cache, prefill
+from gemma4.rows import Request, check_rows, choose, finish_reason, keep, new_cache, prefill
 from gemma4.sampling import SamplerConfig
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def decode_rows(
         if not still:
             return results
         if len(still) < len(going):  # finished rows leave: the others' positions do not move
-            cache.keep(still)
+            keep(cache, still)
             going = [going[i] for i in still]
         ids = torch.tensor([seqs[b][-1:] for b in going])  # (B, 1) from the host
         logits = model.run(ids, cache, start_pos=cache.length).logits[:, -1]  # (B, V)

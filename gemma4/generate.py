@@ -1,19 +1,21 @@
 """Plain decoding with the KV cache, for one prompt: the loop every other loop is measured against.
 
-The loop owns the position. One forward over the whole prompt writes its K/V and gives the logits that choose the
-first new token; then one forward per token, at the position after the last. Greedy is an explicit argmax (the first
-index of the maximum on ties) of the softcapped logits. Sampling warps the same logits and draws the token at
-position n with noise keyed by (seed, n) (gemma4/sampling.py), so the same seed gives the same tokens, and a
-speculative loop that reaches position n draws there exactly what this loop draws.
+The loop owns the position. One forward over the whole prompt writes its K/V and gives the logits
+that choose the first new token; then one forward per token, at the position after the last. Greedy
+is an explicit argmax (the first index of the maximum on ties) of the softcapped logits. Sampling
+warps the same logits and draws the token at position n with noise keyed by (seed, n)
+(gemma4/sampling.py), so the same seed gives the same tokens, and a speculative loop that reaches
+position n draws there exactly what this loop draws.
 
-Many prompts at once, chunked prefill, media and a conversation's held cache are the engine's (gemma4/engine.py),
-held token-equal to this loop by the tests.
+Many prompts at once, chunked prefill, media and a conversation's held cache are the engine's
+(gemma4/engine.py), held token-equal to this loop by the tests.
 
 Shape legend: T new tokens, V vocab."""
 
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from gemma4.cache import KVCache, ring_slack
 from gemma4.model import Gemma4Model
@@ -21,7 +23,8 @@ from gemma4.sampling import TOKEN_STREAM, SamplerConfig
 
 
 class PromptError(ValueError):
-    """A prompt or budget the model cannot run (empty, ids outside the vocabulary or for media, past the context)."""
+    """A prompt or budget the model cannot run (empty, ids outside the vocabulary or for media, past
+    the context)."""
 
 
 def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
@@ -32,8 +35,8 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
     if bad := [i for i in prompt if not 0 <= i < c.vocab_size]:
         raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
     if media := [i for i in prompt if i in c.media_token_ids]:
-        raise PromptError(f"token id {media[0]} is a media soft token and nothing fills it: give the image, "
-                          f"clip or frames it stands for, or remove it")
+        raise PromptError(f"token id {media[0]} is a media soft token and nothing fills it: "
+                          f"give the image, clip or frames it stands for, or remove it")
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if len(prompt) >= c.max_position_embeddings:
@@ -42,45 +45,47 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
 
 
 def new_cache(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> KVCache:
-    """A cache for the prompt and the budget (within the context), whose sliding layers' rings take the whole
-    prompt in one forward (gemma4/README.md §15)."""
+    """A cache for the prompt and the budget (within the context), whose sliding layers' rings take
+    the whole prompt in one forward (gemma4/README.md §15)."""
     capacity = min(len(prompt) + max_new_tokens, model.config.max_position_embeddings)
     w = model.embed_tokens.weight
-    return KVCache(model.config, capacity, dtype=w.dtype, device=w.device, slack=ring_slack(len(prompt)))
+    slack = ring_slack(len(prompt))
+    return KVCache(model.config, capacity, dtype=w.dtype, device=w.device, slack=slack)
 
 
-def next_token(model: Gemma4Model, logits: torch.Tensor, sampler: SamplerConfig | None, position: int) -> int:
-    """The token at `position` from the logits (V,) of the position before: the argmax without a sampler (or at
-    temperature 0), else the keyed draw from the warped logits, by the model's rule."""
+def next_token(model: Gemma4Model, logits: Tensor, sampler: SamplerConfig | None,
+               position: int) -> int:
+    """The token at `position` from the logits (V,) of the position before: the argmax without a
+    sampler (or at temperature 0), else the keyed draw from the warped logits, by the model's rule.
+    """
     if sampler is None or sampler.greedy:
         return int(logits.argmax())
     return model.sampling.sample(logits[None], sampler, TOKEN_STREAM, [position])[0]
 
 
-def finished(tokens: list[int], stop_ids: Sequence[int], max_new_tokens: int, room: int) -> str | None:
-    """Why a run of new `tokens` ends: "stop" after a stop id (kept), "length" once the budget or the `room`
-    left in the context is spent; None while it goes on."""
-    if tokens and tokens[-1] in stop_ids:
-        return "stop"
-    if len(tokens) >= min(max_new_tokens, room):
-        return "length"
-    return None
+def finished(tokens: list[int], stop_ids: Sequence[int], budget: int) -> bool:
+    """Does a run of new `tokens` end here: after a stop id (kept), or once the `budget` is spent?
+    """
+    return tokens[-1] in stop_ids or len(tokens) >= budget
 
 
 @torch.inference_mode()
-def sample_generate(model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig | None,
-                    stop_ids: Sequence[int] = ()) -> list[int]:
-    """The new tokens, ending with the first stop id (kept) or after max_new_tokens (or the context)."""
+def sample_generate(model: Gemma4Model, prompt: list[int], max_new_tokens: int,
+                    sampler: SamplerConfig | None, stop_ids: Sequence[int] = ()) -> list[int]:
+    """The new tokens, ending with the first stop id (kept) or after max_new_tokens (or the
+    context)."""
     check_prompt(model, prompt, max_new_tokens)
     cache = new_cache(model, prompt, max_new_tokens)
-    room = model.config.max_position_embeddings - len(prompt)
-    ids, position, tokens = prompt, 0, []  # the ids to run, the position of the first, the new tokens
-    while not finished(tokens, stop_ids, max_new_tokens, room):
+    budget = min(max_new_tokens, model.config.max_position_embeddings - len(prompt))
+    # The ids to run and the position of the first; the new tokens.
+    ids, position, tokens = prompt, 0, []
+    while not tokens or not finished(tokens, stop_ids, budget):
         # One forward: K/V of `ids` written at position.., the logits of the last one.
-        out = model.run(torch.tensor([ids]), cache, start_pos=torch.tensor([position]), num_logits=1)
+        start_pos = torch.tensor([position])  # (B,) = (1,)
+        out = model.run(torch.tensor([ids]), cache, start_pos=start_pos, num_logits=1)
         position += len(ids)
         cache.length[0] = position  # K/V of 0..position-1 are valid now
-        tokens.append(next_token(model, out.logits[0, -1], sampler, position))  # (V,) -> the token at position
+        tokens.append(next_token(model, out.logits[0, -1], sampler, position))
         ids = tokens[-1:]
     return tokens
 

@@ -20,7 +20,13 @@ from typing import NamedTuple
 
 import torch
 
-from gemma4.model import Soft
+
+
+class Soft(NamedTuple):
+    """One forward's soft embeddings (§19), as `Gemma4Model.run` takes them: plain tensors."""
+    where: torch.Tensor  # (B, T) bool: the positions whose embedding a vector replaces
+    vectors: torch.Tensor  # (n, E): those vectors, in row-major order of `where`
+    both_ways: tuple[torch.Tensor, torch.Tensor] | None  # (lo, hi) (B, T) for `attention_mask`; None: causal
 
 
 class Span(NamedTuple):

@@ -1,26 +1,28 @@
-"""The Gemma 4 text model (the *target*): RoPE, masks, attention, MLP, decoder layer, model (norms in gemma4/norms.py,
-the MoE block in gemma4/moe.py).
+"""The Gemma 4 text model (the *target*): RoPE, masks, attention, MLP, decoder layer, model (norms
+in gemma4/norms.py, the MoE block in gemma4/moe.py).
 
 Design: gemma4/README.md (cited as §n). Facts a reader must know:
 - RMSNorm multiplies by its weight directly (not 1 + w) and runs in fp32 (§4).
 - Attention scale is 1.0: q_norm and k_norm already normalise the dot product (§7).
 - Sliding and full layers differ in head size, kv heads, RoPE and mask (§2, §6, §8).
-- KV-shared layers own no K/V: they attend to the K/V of the last non-shared layer of their type, computed earlier in
-  the same forward (§3). Those two source layers' K/V are what the MTP drafter reads.
-- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block (26B-A4B) runs
-  beside the dense MLP, not instead of it (§10).
-- Every forward is of rows that may sit at different positions (mtp/README.md §12): `start_pos` (B,) holds each
-  row's; RoPE, masks and cache writes are per row. One prompt is one row. Projections are `nn.Linear`, no bias.
+- KV-shared layers own no K/V: they attend to the K/V of the last non-shared layer of their type,
+  computed earlier in the same forward (§3). Those two source layers' K/V are what the MTP drafter
+  reads.
+- Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block
+  (26B-A4B) runs beside the dense MLP, not instead of it (§10).
+- A forward runs rows that may sit at different positions: `start_pos` (B,) holds each row's first;
+  RoPE, masks and cache writes are per row. One prompt is one row. Projections are `nn.Linear`, no
+  bias.
 
-Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim, E hidden size, V vocab,
-L layers, P PLE width."""
+Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim, E
+hidden size, V vocab, L layers, P PLE width."""
 
 from functools import lru_cache
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from gemma4.cache import KV, KVCache, Slots
 from gemma4.config import SLIDING, RopeConfig, TextConfig
@@ -28,9 +30,16 @@ from gemma4.moe import Experts, Router
 from gemma4.norms import RMSNorm, gelu, rms_norm
 from gemma4.sampling import TEXTBOOK
 
+# a prompt's images or audio, as the engine hands them to a forward (gemma4/media.py)
+if TYPE_CHECKING:
+    from gemma4.media import Soft
+
+KVPair = tuple[Tensor, Tensor]  # a layer's keys and values, (B, K, S, D) each
+
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
-    return nn.Linear(in_features, out_features, bias=False)  # `attention_bias` is false in every release
+    # `attention_bias` is false in every release.
+    return nn.Linear(in_features, out_features, bias=False)
 
 
 @lru_cache
@@ -41,83 +50,95 @@ def embed_scale(dim: int, dtype: torch.dtype) -> float:
 
 # ---------------------------------------------------------------- RoPE (§6)
 
-@lru_cache  # once per (RoPE, head size, device), not per forward: read-only once made
-def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> torch.Tensor:
-    """(D/2,) angular frequencies. "proportional" rotates only the first n pairs, the rest get 0."""
+# Once per (RoPE, head size, device), not per forward: read-only once made.
+@lru_cache
+def rope_frequencies(rope: RopeConfig, head_dim: int, device: torch.device) -> Tensor:
+    """(D/2,) angular frequencies. "proportional" rotates only the first pairs, the rest get 0."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim  # (D/2,)
     freqs = rope.theta ** -exponent / rope.factor
-    rotated = int(rope.partial_rotary_factor * head_dim / 2)  # 64 of 256 pairs on full layers
-    freqs[rotated:] = 0.0  # zero frequency: cos 1, sin 0, the pair passes unchanged
+    # 64 of 256 pairs rotate on full layers; frequency 0 is cos 1, sin 0: the pair passes unchanged.
+    freqs[int(rope.partial_rotary_factor * head_dim / 2):] = 0.0
     return freqs
 
 
-def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions (B, T) -> cos and *signed* sin (B, T, 1, D), ready to broadcast over heads; see apply_rope for
-    the sign."""
+def rope_cos_sin(positions: Tensor, freqs: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """positions (B, T) -> cos and *signed* sin (B, T, 1, D), ready to broadcast over heads; see
+    apply_rope for the sign."""
     angles = positions.float()[..., None] * freqs  # (B, T, D/2), fp32
     cos, sin = angles.cos(), angles.sin()
-    cos = torch.cat([cos, cos], dim=-1)  # (B, T, D): dims i and i + D/2 share an angle
-    sin = torch.cat([-sin, sin], dim=-1)  # (B, T, D): the minus of rot(x)'s first half, moved onto sin
+    # Dims i and i + D/2 share an angle; the minus of rot(x)'s first half is moved onto sin.
+    cos = torch.cat([cos, cos], dim=-1)  # (B, T, D)
+    sin = torch.cat([-sin, sin], dim=-1)  # (B, T, D)
     return cos[..., None, :].to(dtype), sin[..., None, :].to(dtype)  # (B, T, 1, D)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, T, H, D); rotate-half layout: pair i is (i, i + D/2), not interleaved.
-    x·cos + rot(x)·sin with rot(x) = (-x2, x1): the swap is one `roll`, the sign sits in `sin`."""
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, T, H, D); rotate-half layout: pair i is (i, i + D/2), not interleaved. x·cos +
+    rot(x)·sin with rot(x) = (-x2, x1): the swap is one `roll`, the sign sits in `sin`."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, H, D) * (B, T, 1, D)
 
 
 # ---------------------------------------------------------------- masks (§8)
 
-def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None,
-                   both_ways: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """q_pos (B, T), k_pos (B or 1, S) -> (B, 1, T, S) bool, True = visible, one mask for all heads of a row: key j
-    to query p iff j <= p (and p - window < j). The one mask helper: prefill, decode, verify and the drafter. Keys
-    are known by their absolute positions, so a sliding layer's ring (slots in any order, stale or empty ones among
-    them, gemma4/cache.py) and a key past a row's own positions (stale) are hidden by the same comparison.
-    `both_ways` (lo, hi), each (B, T): query p also sees the keys lo <= j < hi of its span, ahead of it too (§19)."""
+def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None,
+                   both_ways: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """q_pos (B, T), k_pos (B or 1, S) -> (B, 1, T, S) bool, True = visible, one mask for all heads
+    of a row: key j to query p iff j <= p (and p - window < j). The one mask helper: prefill,
+    decode, verify and the drafter. Keys are known by their absolute positions, so a sliding layer's
+    ring (slots in any order, stale or empty ones among them, gemma4/cache.py) and a key past a
+    row's own positions (stale) are hidden by the same comparison. `both_ways` (lo, hi), each (B,
+    T): query p also sees the keys lo <= j < hi of its span, ahead of it too (§19)."""
     p, k = q_pos[..., None], k_pos[:, None, :]  # (B, T, 1), (B, 1, S)
     visible = k <= p  # (B, T, S)
-    if both_ways is not None:  # OR, then the window's AND: both ways only within the window
+    # OR first, then the window's AND: both ways only within the window.
+    if both_ways is not None:
         visible = visible | ((k >= both_ways[0][..., None]) & (k < both_ways[1][..., None]))
     if window is not None:
         visible &= k > p - window
     return visible[:, None]  # (B, 1, T, S)
 
 
-def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool -> 0 / -inf of the same shape, once per forward (SDPA would convert a bool mask in every layer)."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """bool -> 0 / -inf of the same shape, once per forward (SDPA would convert a bool mask in every
+    layer)."""
+    zeros = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return zeros.masked_fill_(~visible, -torch.inf)
 
 
 class LayerInputs(NamedTuple):
     """What every layer of one type needs for one forward, computed once per type."""
-    cos: torch.Tensor  # (B, T, 1, D)
-    sin: torch.Tensor  # the same shape, signed: see apply_rope
-    mask: torch.Tensor  # (B, 1, T, S) additive over the keys read
+    cos: Tensor  # (B, T, 1, D)
+    sin: Tensor  # the same shape, signed: see apply_rope
+    mask: Tensor  # (B, 1, T, S) additive over the keys read
 
 
-def layer_inputs(c: TextConfig, positions: torch.Tensor, keys: dict[str, torch.Tensor], dtype: torch.dtype,
-                 shift: int = 0, both_ways: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, LayerInputs]:
-    """RoPE at `positions` (B, T) and masks over the keys each layer type reads, once per type: keys[type] holds the
-    positions of the slots read, (1, S) or (B, S). The target's queries see keys up to their own position
-    (shift 0). The drafter passes shift 1: its query at t sees the target's keys 0..t-1, and its sliding layers one
-    key more than the target's (mtp §5). `both_ways`: an image's tokens see each other both ways on sliding layers
-    only; full layers stay causal (§19)."""
+def layer_inputs(c: TextConfig, positions: Tensor, key_positions: dict[str, Tensor],
+                 dtype: torch.dtype, shift: int = 0,
+                 both_ways: tuple[Tensor, Tensor] | None = None) -> dict[str, LayerInputs]:
+    """RoPE at `positions` (B, T) and masks over the keys each layer type reads, once per type:
+    key_positions[type] holds the positions of the slots read, (1, S) or (B, S). The target's
+    queries see keys up to their own position (shift 0). The drafter passes shift 1: its query at p
+    sees the target's keys 0..p-1, and its sliding layers one key more than the target's (mtp §5).
+    `both_ways`: an image's tokens see each other both ways on sliding layers only; full layers stay
+    causal (§19)."""
     out = {}
     for kind in set(c.layer_types):
         window = c.sliding_window + shift if kind == SLIDING else None
         both = both_ways if kind == SLIDING else None
-        mask = additive_mask(attention_mask(positions - shift, keys[kind], window, both), dtype)  # (B, 1, T, S)
+        # (B, 1, T, S)
+        visible = attention_mask(positions - shift, key_positions[kind], window, both)
         head_dim = c.head_dims[c.layer_types.index(kind)]
-        cos, sin = rope_cos_sin(positions, rope_frequencies(c.rope[kind], head_dim, positions.device), dtype)
-        out[kind] = LayerInputs(cos, sin, mask)
+        freqs = rope_frequencies(c.rope[kind], head_dim, positions.device)
+        cos, sin = rope_cos_sin(positions, freqs, dtype)
+        out[kind] = LayerInputs(cos, sin, additive_mask(visible, dtype))
     return out
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q (B, T, H, D), k/v (B, K, S, D), mask (B, 1, T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h // (H/K)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """q (B, T, H, D), k/v (B, K, S, D), mask (B, 1, T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h //
+    (H/K)."""
+    q = q.transpose(1, 2)  # (B, H, T, D)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
     return out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
 
 
@@ -130,21 +151,23 @@ class Attention(nn.Module):
         self.head_dim = d = config.head_dims[layer]
         self.num_heads, self.kv_heads = config.num_heads, config.kv_heads[layer]
         self.shared = config.is_shared(layer)
-        self.has_v_proj = not self.shared and config.has_v_proj(layer)  # K=V layers have none (§7)
+        # K=V layers have no v_proj (§7).
+        self.has_v_proj = not self.shared and config.has_v_proj(layer)
         e = config.hidden_size
         self.eps = config.rms_norm_eps
         self.q_proj = linear(e, config.num_heads * d)
         self.q_norm = RMSNorm(d, self.eps)
         self.o_proj = linear(config.num_heads * d, e)
-        if not self.shared:  # shared layers hold no k/v weights at all
+        # Shared layers hold no k/v weights at all.
+        if not self.shared:
             self.k_proj = linear(e, self.kv_heads * d)
             self.k_norm = RMSNorm(d, self.eps)
             if self.has_v_proj:
                 self.v_proj = linear(e, self.kv_heads * d)
 
-    def project(self, x: torch.Tensor, inp: LayerInputs) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """x (B, T, E) -> q (B, T, H, D) and this layer's new k, v (B, K, T, D) (None on a shared layer):
-        projected, normed, q and k rotated."""
+    def project(self, x: Tensor, inp: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x (B, T, E) -> q (B, T, H, D) and this layer's new k, v (B, K, T, D) (None on a shared
+        layer): projected, normed, q and k rotated."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim))  # (B, T, H, D)
         q = apply_rope(q, inp.cos, inp.sin)
@@ -152,17 +175,17 @@ class Attention(nn.Module):
             return q, None, None
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)  # (B, T, K, D)
         # K=V layers: V is the *raw* key projection, taken before k_norm and RoPE.
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim) if self.has_v_proj else k  # (B, T, K, D)
+        # (B, T, K, D)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim) if self.has_v_proj else k
         k = apply_rope(self.k_norm(k), inp.cos, inp.sin)
-        v = rms_norm(v, None, self.eps)  # v_norm has no weight
+        # v_norm has no weight.
+        v = rms_norm(v, None, self.eps)
         return q, k.transpose(1, 2), v.transpose(1, 2)  # (B, T, H, D), (B, K, T, D) x 2
 
-    def forward(
-        self, x: torch.Tensor, inp: LayerInputs, cache: KVCache | None, slots: Slots | None,
-        shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x (B, T, E) -> (B, T, E), and the K/V this layer read: every slot its cache holds for it (without a
-        cache, this forward's)."""
+    def forward(self, x: Tensor, inp: LayerInputs, cache: KVCache | None, slots: Slots | None,
+                shared_kv: KVPair | None) -> tuple[Tensor, KVPair]:
+        """x (B, T, E) -> (B, T, E), and the K/V this layer read: every slot its cache holds for it
+        (without a cache, this forward's)."""
         q, k, v = self.project(x, inp)
         if self.shared:
             k, v = shared_kv  # (B, K, S, D) of the source layer, this forward's positions included
@@ -172,7 +195,7 @@ class Attention(nn.Module):
         return self.o_proj(out), (k, v)
 
 
-# ---------------------------------------------------------------- feed-forward (§9; MoE in gemma4/moe.py)
+# ---------------------------------------------------------------- feed-forward (§9)
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int) -> None:
@@ -181,7 +204,7 @@ class MLP(nn.Module):
         self.up_proj = linear(hidden, width)
         self.down_proj = linear(width, hidden)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, W) -> (B, T, E)
 
 
@@ -198,8 +221,9 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(e, eps)
         self.post_feedforward_layernorm = RMSNorm(e, eps)
         self.layer_scalar = nn.Parameter(torch.empty(1))
-        self.kind = config.layer_types[layer]  # which inputs (RoPE, mask) and which KV source it takes
-        self.shared = config.is_shared(layer)  # reads its source layer's K/V (§3)
+        # Which inputs (RoPE, mask) it takes; a shared layer reads its source layer's K/V (§3).
+        self.kind = config.layer_types[layer]
+        self.shared = config.is_shared(layer)
         self.moe = config.enable_moe
         if config.ple_dim:
             self.per_layer_input_gate = linear(e, config.ple_dim)
@@ -212,15 +236,14 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm_1 = RMSNorm(e, eps)
             self.post_feedforward_layernorm_2 = RMSNorm(e, eps)
 
-    def forward(
-        self, h: torch.Tensor, inp: LayerInputs, ple: torch.Tensor | None, cache: KVCache | None,
-        slots: Slots | None, shared_kv: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(self, h: Tensor, inp: LayerInputs, ple: Tensor | None, cache: KVCache | None,
+                slots: Slots | None, shared_kv: KVPair | None) -> tuple[Tensor, KVPair]:
         """h (B, T, E) -> (B, T, E); ple (B, T, P) or None."""
         a, kv = self.self_attn(self.input_layernorm(h), inp, cache, slots, shared_kv)
         h = h + self.post_attention_layernorm(a)
         m = self.mlp(self.pre_feedforward_layernorm(h))
-        if self.moe:  # MoE beside the dense MLP, both fed from the same residual h
+        # MoE beside the dense MLP, both fed from the same residual h.
+        if self.moe:
             flat = h.flatten(0, 1)  # (B*T, E)
             weights, experts = self.router(flat)
             moe = self.experts(self.pre_feedforward_layernorm_2(flat), weights, experts).view_as(h)
@@ -229,29 +252,24 @@ class DecoderLayer(nn.Module):
         if ple is not None:
             g = gelu(self.per_layer_input_gate(h)) * ple  # (B, T, P)
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
-        return h * self.layer_scalar, kv  # the scalar scales the whole stream, residual included
+        # The scalar scales the whole stream, residual included.
+        return h * self.layer_scalar, kv
 
 
 # ---------------------------------------------------------------- model
 
 class TiedHead(nn.Module):
-    """The output head is the token embedding (V, E) itself (§5): no parameter, the weight is stored once."""
+    """The output head is the token embedding (V, E) itself (§5): no parameter, the weight is stored
+    once."""
 
-    def forward(self, hidden: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: Tensor, embedding: Tensor) -> Tensor:
         return F.linear(hidden, embedding)  # (..., E) @ (V, E).T -> (..., V)
 
 
-class Soft(NamedTuple):
-    """One forward's soft embeddings (images, audio: gemma4/media.py builds them; §19): plain tensors."""
-    where: torch.Tensor  # (B, T) bool: the positions whose embedding a vector replaces
-    vectors: torch.Tensor  # (n, E): those vectors, in row-major order of `where`
-    both_ways: tuple[torch.Tensor, torch.Tensor] | None  # (lo, hi) (B, T) for `attention_mask`; None: causal only
-
-
 class ModelOutput(NamedTuple):
-    logits: torch.Tensor  # (B, n, V) for the last n positions, softcapped
-    hidden: torch.Tensor  # (B, T, E) after the final norm: the drafter's "hidden" input
-    # type -> K, V (B, K, S, D) of kv_source(type), their positions: what the drafter reads (training reads them here)
+    logits: Tensor  # (B, n, V) for the last n positions, softcapped
+    hidden: Tensor  # (B, T, E) after the final norm: the drafter's "hidden" input
+    # type -> K, V (B, K, S, D) of kv_source(type) and their positions: what the drafter reads.
     shared_kv: dict[str, KV]
 
 
@@ -260,97 +278,113 @@ class Gemma4Model(nn.Module):
         super().__init__()
         self.config = config
         e = config.hidden_size
-        # `_weight`: no N(0, 1) init, the file supplies it (on the meta device normal_ imports dynamo, ~2 s)
-        self.embed_tokens = nn.Embedding(config.vocab_size, e, _weight=torch.empty(config.vocab_size, e))
+        # `_weight`: no N(0, 1) init, the file supplies it (on the meta device normal_ imports
+        # dynamo, ~2 s).
+        v = config.vocab_size
+        self.embed_tokens = nn.Embedding(v, e, _weight=torch.empty(v, e))
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(e, config.rms_norm_eps)
         self.head = TiedHead()
-        self.sampling = TEXTBOOK  # how its logits are drawn; the speed layer may give a model its own (sampling.py)
-        self.media_ids = torch.tensor(config.media_token_ids, dtype=torch.long, device="cpu")  # host, as the ids
+        # How its logits are drawn (gemma4/sampling.py); the speed layer may give a model its own.
+        self.sampling = TEXTBOOK
+        # On the host, as the ids (built on the meta device, a tensor would be empty).
+        self.media_ids = torch.tensor(config.media_token_ids, dtype=torch.long, device="cpu")
         if config.ple_dim:
             vp, lp = config.ple_vocab_size, config.num_layers * config.ple_dim
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))
             self.per_layer_model_projection = linear(e, lp)
             self.per_layer_projection_norm = RMSNorm(config.ple_dim, config.rms_norm_eps)
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input (mtp/README.md §4)."""
+    def embed(self, ids: Tensor) -> Tensor:
+        """ids (B, T) -> (B, T, E): the scaled embedding, also the drafter's token input
+        (mtp/README.md §4)."""
         w = self.embed_tokens.weight
         return F.embedding(ids, w) * embed_scale(self.config.hidden_size, w.dtype)
 
-    def per_layer_rows(self, ids: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """§12's token part: ids (B, T) -> the PLE table's rows, scaled, (B, T, L*P) on `like`'s device, in its dtype."""
-        # The table stays in host memory in the file's dtype (weights.py): rows looked up there, then moved and cast.
+    def per_layer_rows(self, ids: Tensor, like: Tensor) -> Tensor:
+        """§12's token part: ids (B, T) -> the PLE table's rows, scaled, (B, T, L*P) on `like`'s
+        device, in its dtype. The table stays where the loader put it, in the file's dtype
+        (weights.py): rows are looked up there, then moved and cast."""
         table = self.embed_tokens_per_layer.weight
-        rows = F.embedding(ids.to(table.device), table).to(like.device, like.dtype, non_blocking=True)
+        rows = F.embedding(ids.to(table.device), table).to(like)
         return rows * embed_scale(self.config.ple_dim, like.dtype)
 
-    def per_layer_inputs(self, tok: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
-        """§12: the scaled table rows (B, T, L*P) and the scaled embedding x0 (B, T, E) -> (B, T, L, P)."""
+    def per_layer_inputs(self, tok: Tensor, x0: Tensor) -> Tensor:
+        """§12: the scaled table rows (B, T, L*P) and the scaled embedding x0 (B, T, E) -> (B, T, L,
+        P)."""
         c = self.config
         ctx = self.per_layer_model_projection(x0) * c.hidden_size**-0.5  # (B, T, L*P)
-        ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))  # (B, T, L, P)
+        # (B, T, L, P)
+        ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))
         return (ctx + tok.unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: Tensor) -> Tensor:
         """input_ids (B, T) -> softcapped logits (B, T, V), no cache: the plain public call."""
         return self.run(input_ids).logits
 
-    def run(
-        self, input_ids: torch.Tensor, cache: KVCache | None = None, start_pos: torch.Tensor | None = None,
-        num_logits: int | None = None, soft: Soft | None = None,
-    ) -> ModelOutput:
-        """input_ids (B, T), row b at positions start_pos[b]..start_pos[b]+T-1 (start_pos (B,) on the host; None: 0).
+    def run(self, input_ids: Tensor, cache: KVCache | None = None, start_pos: Tensor | None = None,
+            num_logits: int | None = None, soft: "Soft | None" = None) -> ModelOutput:
+        """input_ids (B, T), row b at positions start_pos[b]..start_pos[b]+T-1 (start_pos (B,) on
+        the host; None: 0).
 
-        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1 (sliding layers: what
-        their ring holds of it); the caller moves `cache.length`. `num_logits`: the head on the last n positions only
-        (0: none, a ragged batch takes each row's own). `soft`: vectors in place of some embeddings (§19)."""
+        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1
+        (sliding layers: what their ring holds of it); the caller moves `cache.length`.
+        `num_logits`: the head on the last n positions only (0: none). `soft`: vectors in place of
+        some embeddings (§19)."""
         c = self.config
         b, t = input_ids.shape
-        # Media ids (a prompt's soft tokens, or one the model generated) embed as the pad token (id 0), PLE rows too,
-        # as transformers does; a soft token's embedding is then replaced by its given vector.
-        input_ids = input_ids.masked_fill(torch.isin(input_ids, self.media_ids.to(input_ids.device)), 0)
-        # The loops pass host ids; non_blocking: the upload need not wait for the device's queue to drain.
-        x = self.embed(input_ids.to(self.embed_tokens.weight.device, non_blocking=True))  # (B, T, E)
+        # Media ids (a prompt's soft tokens, or one the model generated) embed as the pad token (id
+        # 0), PLE rows too, as transformers does; a soft token's embedding is then replaced by its
+        # vector.
+        media = torch.isin(input_ids, self.media_ids.to(input_ids.device))  # (B, T)
+        input_ids = input_ids.masked_fill(media, 0)
+        x = self.embed(input_ids.to(self.embed_tokens.weight.device))  # (B, T, E)
         tok = self.per_layer_rows(input_ids, x) if c.ple_dim else None  # (B, T, L*P)
         if soft is not None:
             x = x.masked_scatter(soft.where[..., None].to(x.device), soft.vectors.to(x.dtype))
-        ple = self.per_layer_inputs(tok, x) if c.ple_dim else None  # (B, T, L, P): from the vectors too
+        # The per-layer inputs see the soft vectors too.
+        ple = self.per_layer_inputs(tok, x) if c.ple_dim else None  # (B, T, L, P)
         start = torch.zeros(b, dtype=torch.long) if start_pos is None else start_pos  # (B,)
-        if cache is None:  # positions 0..T-1, every layer reading this forward's keys
+        if cache is None:
+            # Positions 0..T-1, every layer reading this forward's keys.
             if bool(start.any()):
                 raise ValueError("a forward without a cache starts at position 0")
             positions, slots = torch.arange(t, device=x.device)[None], None  # (1, T): every row's
-            keys = {kind: positions for kind in c.layer_types}
-        else:  # where the K/V go and which keys each type reads, once
+            key_positions = {kind: positions for kind in c.layer_types}
+        else:
+            # Where the K/V go and which keys each type reads, once.
             slots = cache.claim(start, t)
-            positions, keys = slots.positions, slots.keys  # (B, T)
-        inputs = layer_inputs(c, positions, keys, x.dtype, both_ways=None if soft is None else soft.both_ways)
+            positions, key_positions = slots.positions, slots.key_positions  # (B, T)
+        both_ways = None if soft is None else soft.both_ways
+        inputs = layer_inputs(c, positions, key_positions, x.dtype, both_ways=both_ways)
         hidden, source_kv = self.stack(x, ple, inputs, cache, slots)
         n = t if num_logits is None else num_logits
-        shared_kv = {kind: KV(k, v, keys[kind]) for kind, (k, v) in source_kv.items()}
+        shared_kv = {kind: KV(k, v, key_positions[kind]) for kind, (k, v) in source_kv.items()}
         return ModelOutput(self.logits(hidden[:, t - n:]), hidden, shared_kv)  # (B, n, V)
 
-    def stack(
-        self, x: torch.Tensor, ple: torch.Tensor | None, inputs: dict[str, LayerInputs], cache: KVCache | None,
-        slots: Slots | None,
-    ) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """The layers and the final norm: x (B, T, E), ple (B, T, L, P) or None -> hidden (B, T, E) and
-        type -> the K/V of kv_source(type). `slots`: where the K/V go (KVCache.claim's; None without a cache)."""
-        ples = [None] * self.config.num_layers if ple is None else ple.unbind(dim=2)  # L x (B, T, P)
-        source_kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # type -> newest non-shared K/V
+    def stack(self, x: Tensor, ple: Tensor | None, inputs: dict[str, LayerInputs],
+              cache: KVCache | None, slots: Slots | None) -> tuple[Tensor, dict[str, KVPair]]:
+        """The layers and the final norm: x (B, T, E), ple (B, T, L, P) or None -> hidden (B, T, E)
+        and type -> the K/V of kv_source(type). `slots`: where the K/V go (KVCache.claim's; None
+        without a cache)."""
+        # L x (B, T, P)
+        ples = [None] * self.config.num_layers if ple is None else ple.unbind(dim=2)
+        # type -> the newest non-shared layer's K/V: after the loop, exactly kv_source(type)'s.
+        source_kv: dict[str, KVPair] = {}
         h = x
         for layer, layer_ple in zip(self.layers, ples):
             shared = source_kv[layer.kind] if layer.shared else None
             h, kv = layer(h, inputs[layer.kind], layer_ple, cache, slots, shared)
             if not layer.shared:
-                source_kv[layer.kind] = kv  # after the loop: exactly kv_source(kind)'s K/V
+                source_kv[layer.kind] = kv
         return self.norm(h), source_kv
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Post-norm hidden (..., E) -> softcapped logits (..., V), at least float32, through the tied head."""
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Post-norm hidden (..., E) -> softcapped logits (..., V), at least float32, through the
+        tied head."""
         logits = self.head(hidden, self.embed_tokens.weight)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # a bf16 cap would round logits into ties
+        # A bf16 cap would round logits into ties.
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if cap := self.config.final_logit_softcapping:
             logits = torch.tanh(logits / cap) * cap
         return logits

@@ -88,6 +88,17 @@ def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], ch
     return model.logits(last), last  # (B, V), (B, E)
 
 
+def keep(cache: KVCache, kept: list[int]) -> None:
+    """Keep only these batch rows of the cache, in this order: finished rows leave (a copy per finish, not
+    per step)."""
+    index = torch.tensor(kept, device=cache.slot_positions.device)
+    for layer in cache.keys:
+        cache.keys[layer] = cache.keys[layer][index]  # (B', K, S_alloc, D)
+        cache.values[layer] = cache.values[layer][index]
+    cache.slot_positions = cache.slot_positions[index]  # (B', R)
+    cache.length = cache.length[kept]
+
+
 def finish_reason(seq: list[int], row: Request, context: int) -> str | None:
     """"stop" after a committed stop id, "length" when the budget or the context is spent, else None."""
     if seq[-1] in row.stop_ids:

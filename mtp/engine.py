@@ -3,7 +3,7 @@ textbook loop leaves out: media, chunked prefill, a held cache prefix, and the d
 
 Every row is its own run at its own positions (mtp/README.md §12), sharing only the forwards: one drafter call
 drafts max_b K_b tokens (row b keeps its first K_b), one verify takes every row's block, right-padded: the pads land
-in slots that are stale after the round. A row that commits a stop id or spends its budget leaves (`cache.keep`).
+in slots that are stale after the round. A row that commits a stop id or spends its budget leaves (`keep`).
 Each row's rounds are the textbook loop's on the same prompt, so are its tokens: the tests hold them equal.
 
 Every committed round is reported to `on_round(b, round)`, the streaming callback (a `Round`, mtp/stats.py).
@@ -18,7 +18,7 @@ import torch
 from gemma4.cache import KVCache
 from gemma4.media import joined
 from gemma4.model import Gemma4Model
-from gemma4.rows import PAD, Request, check_rows, choose, finish_reason, new_cache, prefill
+from gemma4.rows import PAD, Request, check_rows, choose, finish_reason, keep, new_cache, prefill
 from gemma4.sampling import SamplerConfig
 from mtp.accept import accept, agree, cut_at_stop
 from mtp.drafter import Drafter, target_kv
@@ -69,7 +69,7 @@ def speculative_rows(
         if not still:
             return results
         if len(still) < len(going):
-            cache.keep(still)
+            keep(cache, still)
             going, hidden = [going[i] for i in still], hidden[still]
         newest = [len(seqs[b]) - 1 for b in going]  # each row's newest committed position: its cache.length
 

@@ -1,22 +1,25 @@
-"""The speculative decoding loop, for one prompt: draft K tokens with the drafter, verify K + 1 in one target
-forward, keep the matching prefix and one target token, roll back. Design: mtp/README.md; the numbered steps are
-those of its §7.
+"""The speculative decoding loop, for one prompt: draft K tokens with the drafter, verify K + 1 in
+one target forward, keep the matching prefix and one target token, roll back. Design: mtp/README.md;
+the numbered steps are those of its §7.
 
-Greedy first. Why the output equals plain greedy decoding: the target's logits at verify row i depend only on the
-committed prefix and d_1..d_i; a draft is kept only if it equals the target's own argmax there, so every committed
-token is the target's argmax given the committed prefix, whatever the drafter proposed. The drafter changes how many
-forwards the target runs, never what it commits.
+Greedy first. Why the output equals plain greedy decoding: the target's logits at verify row i
+depend only on the committed prefix and d_1..d_i; a draft is kept only if it equals the target's own
+argmax there, so every committed token is the target's argmax given the committed prefix, whatever
+the drafter proposed. The drafter changes how many forwards the target runs, never what it commits.
 
-Invariant at the start of every round: the target cache holds valid K/V for positions 0..newest-1 (every committed
-token except the newest, at `newest`), and the loop holds h[newest-1], the target's post-norm hidden there.
-Anything stored at positions >= newest is stale and is overwritten by later writes.
+Invariant at the start of every round: the target cache holds valid K/V for positions 0..newest-1
+(every committed token except the newest, at `newest`), and the loop holds h[newest-1], the target's
+post-norm hidden there. Anything stored at positions >= newest is stale and is overwritten by later
+writes.
 
-Sampling (temperature > 0) changes only how drafts are made (step 2) and accepted (step 4): `argmax` drafting (the
-default) equals plain keyed sampling token for token, `sample` drafting is exact in distribution (mtp/accept.py).
+Sampling (temperature > 0) changes only how drafts are made (step 2) and accepted (step 4): `argmax`
+drafting (the default) equals plain keyed sampling token for token, `sample` drafting is exact in
+distribution (mtp/accept.py).
 
-The loop reports every round it runs (`Round`, mtp/stats.py) by yielding it: whoever iterates it observes, streams
-or prints the rounds; the loop prints nothing. Many prompts at once, media, chunked prefill and a held cache are the
-engine's (mtp/engine.py), held token-equal to this loop by the tests.
+The loop reports every round it runs (`Round`, mtp/stats.py) by yielding it: whoever iterates it
+observes, streams or prints the rounds; the loop prints nothing. Many prompts at once, media,
+chunked prefill and a held cache are the engine's (mtp/engine.py), held token-equal to this loop by
+the tests.
 
 Shape legend: K drafts, V vocab, E target hidden."""
 
@@ -37,48 +40,49 @@ DRAFTING = ("argmax", "sample")
 
 @torch.inference_mode()
 def speculative_rounds(
-    target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int, draft_length: DraftLength,
-    stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None, drafting: str = "argmax",
+    target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
+    draft_length: DraftLength, stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None,
+    drafting: str = "argmax",
 ) -> Iterator[Round]:
-    """Every round of one run, as it commits: the prefill first, then one per verify. Greedy with `sampler=None`
-    or temperature 0, else sampling with `drafting`. `draft_length` chooses each round's K and learns across
-    calls."""
+    """Every round of one run, as it commits: the prefill first, then one per verify. Greedy with
+    `sampler=None` or temperature 0, else sampling with `drafting`. `draft_length` chooses each
+    round's K and learns across calls."""
     sampler = check_sampling(sampler, drafting)
     check_prompt(target, prompt, max_new_tokens)
     draft_length.start_call()
     cache = new_cache(target, prompt, max_new_tokens)
-    room = target.config.max_position_embeddings - len(prompt)  # the new tokens the context holds
+    budget = min(max_new_tokens, target.config.max_position_embeddings - len(prompt))
 
-    # 0. Prefill: one forward over the prompt (positions 0..P-1) commits the token at P; keep h[P-1].
+    # 0. Prefill: one forward over the prompt (positions 0..P-1) commits the token at P; the loop
+    #    keeps h[P-1].
     out = target.run(torch.tensor([prompt]), cache, start_pos=torch.tensor([0]), num_logits=1)
     newest = len(prompt)
     cache.length[0] = newest
-    tokens = [next_token(target, out.logits[0, -1], sampler, newest)]  # (V,) -> the token at P
-    hidden = out.hidden[:, -1]  # (1, E): h[P-1]
+    tokens = [next_token(target, out.logits[0, -1], sampler, newest)]
+    hidden = out.hidden[:, -1]  # (1, E)
     yield Round(newest - 1, [], tokens[:], tokens[:], prefill=True)
-    done = finished(tokens, stop_ids, max_new_tokens, room)
+    done = finished(tokens, stop_ids, budget)
     while not done:
-        # 1. Budget: never draft what could not be committed (the drafts and one target token within the budget
-        #    and the context), nor more than the sliding layers' slack can verify in one forward.
-        left = min(max_new_tokens, room) - len(tokens)
-        k = draft_length.next(min(left - 1, cache.slack - 1))
+        # 1. Budget: never draft what could not be committed (the drafts and one target token
+        #    within the budget), nor more than the sliding layers' slack verifies in one forward.
+        k = draft_length.next(min(budget - len(tokens) - 1, cache.slack - 1))
 
-        # 2. Draft d_1..d_K from (the newest token, h[newest-1], position newest) and the target's K/V of
-        #    0..newest-1: the drafter's argmax, or (sample drafting) draws from its warped q.
+        # 2. Draft d_1..d_K from (the newest token, h[newest-1], position newest) and the target's
+        #    K/V of 0..newest-1: the drafter's argmax, or (sample drafting) draws from its q.
         drafts, q = [], None
         if k:
+            kv = target_kv(cache, target, newest)
             samplers = [sampler] if drafting == "sample" else None
-            drafted, q = drafter.propose(target, tokens[-1:], hidden, [newest],
-                                         target_kv(cache, target, newest), k, samplers)  # (1, K), (1, K, V)
-            drafts, q = drafted[0].tolist(), None if q is None else q[0]
+            drafted, q = drafter.propose(target, tokens[-1:], hidden, [newest], kv, k, samplers)
+            drafts, q = drafted[0].tolist(), None if q is None else q[0]  # (K, V) or None
 
-        # 3. Verify [newest token, d_1..d_K] at positions newest..newest+K in one target forward: K/V written
-        #    there, logits rows 0..K choosing positions newest+1..newest+K+1.
+        # 3. Verify [newest token, d_1..d_K] at positions newest..newest+K in one target forward:
+        #    K/V written there, logits rows 0..K choosing positions newest+1..newest+K+1.
         ids = torch.tensor([tokens[-1:] + drafts])  # (1, K+1)
         out = target.run(ids, cache, start_pos=torch.tensor([newest]))  # logits (1, K+1, V)
 
-        # 4. Accept: g_0..g_a, the target's tokens while d_i == g_(i-1) (greedy: its argmax; sampling: the
-        #    rules of mtp/accept.py). The schedule learns how many it kept.
+        # 4. Accept: g_0..g_a, the target's tokens while d_i == g_(i-1) (greedy: its argmax;
+        #    sampling: the rules of mtp/accept.py). The schedule learns how many it kept.
         targets = accept(target.sampling, drafts, out.logits[0], sampler, newest, q)
         a = len(targets) - 1
         draft_length.observe(k, a)
@@ -88,29 +92,33 @@ def speculative_rounds(
         tokens += block
         yield Round(newest, drafts, targets, block)
 
-        # 6. Roll back: positions newest..newest+a hold the committed tokens' K/V, newest+a+1.. are stale. The
-        #    next round's hidden h[newest+a] is the verify's row a: no extra forward.
+        # 6. Roll back: positions newest..newest+a hold the committed tokens' K/V, the rest of
+        #    the verify's are stale. The next hidden, h[newest+a], is the verify's row a.
         newest += a + 1
         cache.length[0] = newest
         hidden = out.hidden[:, a]  # (1, E)
 
-        # 7. Stop after a committed stop id, or once the budget or the context is spent; else the next round.
-        done = finished(tokens, stop_ids, max_new_tokens, room)
+        # 7. Stop after a committed stop id or once the budget is spent; else the next round.
+        done = finished(tokens, stop_ids, budget)
 
 
 def speculative_generate(
-    target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int, draft_length: DraftLength,
-    stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None, drafting: str = "argmax",
+    target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
+    draft_length: DraftLength, stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None,
+    drafting: str = "argmax",
 ) -> SpecResult:
     """The new tokens of `speculative_rounds`, their statistics and why the run ended."""
-    rounds = speculative_rounds(target, drafter, prompt, max_new_tokens, draft_length, stop_ids, sampler, drafting)
+    rounds = speculative_rounds(target, drafter, prompt, max_new_tokens, draft_length, stop_ids,
+                                sampler, drafting)
     return result_of(rounds, stop_ids)
 
 
 def check_sampling(sampler: SamplerConfig | None, drafting: str) -> SamplerConfig | None:
-    """The sampler a run uses, refused where it cannot run with `drafting`: None (greedy) for temperature 0."""
+    """The sampler a run uses, refused where it cannot run with `drafting`: None (greedy) for
+    temperature 0."""
     if drafting not in DRAFTING:
         raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
     if drafting == "sample" and (sampler is None or sampler.greedy):
-        raise ValueError("sample drafting draws from the drafter's distribution: it needs a temperature > 0")
+        raise ValueError("sample drafting draws from the drafter's distribution: it needs a "
+                         "temperature > 0")
     return None if sampler is None or sampler.greedy else sampler

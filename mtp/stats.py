@@ -1,6 +1,6 @@
-"""What a speculative run did: each round as the loop reports it, the statistics of the rounds, and the run's
-result. The statistics count; they keep no clock: whoever wants a round's wall time reads one as each round is
-reported."""
+"""What a speculative run did: each round as the loop reports it, the statistics of its rounds, and
+the run's result. The statistics count; they keep no clock: whoever wants a round's wall time reads
+one as each round is reported."""
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Round:
     """One target forward and what it committed: the prefill, or a verify of the drafts d_1..d_K."""
-    position: int  # n: the newest committed position before it (the prefill: the prompt's last)
+    position: int  # the newest committed position before it (the prefill: the prompt's last)
     drafted: list[int]  # d_1..d_K as proposed; empty at the prefill and at K = 0 (a plain step)
-    targets: list[int]  # g_0..g_a: the target's token at verify rows 0..a; d_i == g_(i-1) for i <= a
-    block: list[int]  # committed at n+1..: d_1..d_a and g_a, the target's own, cut after a stop id
+    # G_0..g_a: the target's token at verify rows 0..a; d_i == g_(i-1) for i <= a
+    targets: list[int]
+    block: list[int]  # committed after `position`: d_1..d_a and g_a, cut after a stop id
     prefill: bool = False
 
     @property
@@ -23,12 +24,13 @@ class Round:
 
     @property
     def from_drafter(self) -> list[bool]:
-        """For each committed token: did the drafter propose it (and the target keep it)?"""
-        return [j < min(self.accepted, len(self.block)) for j in range(len(self.block))]
+        """For each committed token: was it a draft the target kept?"""
+        return [j < self.accepted for j in range(len(self.block))]
 
     @property
     def stale(self) -> range:
-        """The positions the verify wrote K/V at that hold no committed token: the rollback leaves them stale."""
+        """The positions whose K/V the verify wrote for drafts it did not keep: the rollback leaves
+        them."""
         return range(self.position + self.accepted + 1, self.position + len(self.drafted) + 1)
 
 
@@ -38,26 +40,17 @@ class SpecStats:
     drafted: int = 0  # drafts proposed
     accepted: int = 0  # drafts committed (only tokens actually emitted)
     emitted: int = 0  # new tokens committed
-    rounds: list[Round] = field(default_factory=list)
-    drafted_at: list[int] = field(default_factory=list)  # [i]: rounds that drafted an i+1-th token
-    accepted_at: list[int] = field(default_factory=list)  # [i]: rounds whose i+1-th draft was committed
+    rounds: list[Round] = field(default_factory=list)  # every verify, K = 0 included
 
     def record(self, round: Round) -> None:
-        """One target forward: the prefill, or a verify whose a drafts matched."""
-        drafts, block = round.drafted, round.block
-        committed_drafts = sum(round.from_drafter)  # drafts after a stop id are not emitted
+        """One target forward: the prefill, or a verify."""
         self.target_forwards += 1
-        self.emitted += len(block)
-        if round.prefill:
-            return
-        self.rounds.append(round)
-        self.drafted += len(drafts)
-        self.accepted += committed_drafts
-        missing = [0] * (len(drafts) - len(self.drafted_at))  # a round longer than every one before
-        self.drafted_at, self.accepted_at = self.drafted_at + missing, self.accepted_at + missing
-        for i in range(len(drafts)):
-            self.drafted_at[i] += 1
-            self.accepted_at[i] += i < committed_drafts
+        self.emitted += len(round.block)
+        if not round.prefill:
+            self.rounds.append(round)
+            self.drafted += len(round.drafted)
+            # Drafts after a stop id are not emitted.
+            self.accepted += sum(round.from_drafter)
 
     @property
     def acceptance_rate(self) -> float:
@@ -66,6 +59,18 @@ class SpecStats:
     @property
     def tokens_per_forward(self) -> float:
         return self.emitted / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def drafted_at(self) -> list[int]:
+        """[i]: the rounds that drafted an (i+1)-th token."""
+        longest = max((len(r.drafted) for r in self.rounds), default=0)
+        return [sum(len(r.drafted) > i for r in self.rounds) for i in range(longest)]
+
+    @property
+    def accepted_at(self) -> list[int]:
+        """[i]: the rounds whose (i+1)-th draft was committed."""
+        kept = [sum(r.from_drafter) for r in self.rounds]
+        return [sum(k > i for k in kept) for i in range(len(self.drafted_at))]
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -85,8 +90,8 @@ class SpecResult:
 
 
 def result_of(rounds: Iterable[Round], stop_ids: Sequence[int]) -> SpecResult:
-    """A finished run's result from its rounds: the tokens they committed, their statistics, and why it ended
-    ("stop" after a stop id, else "length": the budget or the context)."""
+    """A finished run's result from its rounds: the tokens they committed, their statistics, and why
+    it ended ("stop" after a stop id, else "length": the budget or the context)."""
     stats, tokens = SpecStats(), []
     for round in rounds:
         stats.record(round)

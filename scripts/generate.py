@@ -220,11 +220,13 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     stream = Stream(target.tokenizer, sinks)
     clock = RoundClock(stream.commit)  # each round's seconds, for the statistics
     observers = [clock.round] + ([Trace(piece(target.tokenizer), say)] if trace else [])
-    # --reference on a text prompt: the textbook loop itself (mtp/speculative.py); with media, the engine.
-    textbook = flags.reference and pictures is None
+    # --reference on a text prompt: the textbook loop itself (mtp/speculative.py); with media or prefill
+    # chunks, the engine on the textbook's modules.
+    textbook = flags.reference and pictures is None and flags.prefill_chunk is None
     if flags.reference and not textbook:
-        say("note: --reference with media runs the engine (mtp/engine.py) on the textbook's modules: the textbook "
-            "loop takes text only", note=True)
+        why = "takes text only" if pictures is not None else "prefills in one forward"
+        say(f"note: --reference with {'media' if pictures is not None else '--prefill-chunk'} runs the engine "
+            f"(mtp/engine.py) on the textbook's modules: the textbook loop {why}", note=True)
     start = time.perf_counter()
     try:
         if drafter is not None and textbook:

@@ -67,6 +67,15 @@ def run_path() -> list[str]:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+def loaded(start: str) -> list[str]:
+    """The project modules a fresh interpreter holds after `import sys, <start>` (statements may follow
+    `start` after a semicolon), in import order."""
+    code = f"import sys, {start}; print('\\n'.join(m for m in sys.modules if m.split('.')[0] in {PACKAGES!r}))"
+    env = os.environ | {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
 def docstrings(tree: ast.Module) -> set[tuple[int, int]]:
     """Where each docstring (module, class, function) starts: (line, column)."""
     kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

@@ -239,7 +239,7 @@ class StaticTarget:
         x = self.embed(ids)  # (B, T, E)
         ple = None if rows is None else m.per_layer_inputs(rows, x)  # (B, T, L, P)
         slots = cache.slots(positions)
-        inputs = static_inputs(self.config, positions, slots.keys, x.dtype, self.freqs)
+        inputs = static_inputs(self.config, positions, slots.key_positions, x.dtype, self.freqs)
         hidden, _ = m.stack(x, ple, inputs, cache, slots)  # (B, T, E)
         return m.logits(hidden[:, hidden.shape[1] - num_logits:]), hidden  # (B, n, V)
 

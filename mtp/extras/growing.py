@@ -46,7 +46,7 @@ class GrowingCache(KVCache):
         for buffers in (self.keys, self.values):  # each checked alone: an interrupt may fall between them
             old = buffers[layer]  # (B, K, S_old, D)
             if old.shape[2] < end:
-                size = min(self.size(layer), max(end, 2 * old.shape[2]))
+                size = min(KVCache.allocate(self, layer), max(end, 2 * old.shape[2]))  # at most all
                 # Zeros, not empty: stale slots are read under the mask, and NaN * 0 would leak through.
                 new = old.new_zeros(old.shape[0], old.shape[1], size, old.shape[3])  # (B, K, S_new, D)
                 new[:, :, :old.shape[2]] = old

@@ -24,12 +24,14 @@ from gemma4 import SamplerConfig, greedy_generate, sample_generate
 from gemma4.cache import KV
 from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.sampling import (
-    GOLDEN, MASK64, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits, keyed_choice, keyed_sample,
-    keyed_uniform, sample, signed, stream_key, uniform_from_bits, warp, warp_row,
+    GOLDEN, MASK64, TEXTBOOK, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits,
+    keyed_choice, sample, signed, stream_key, uniform_from_bits, warp, warp_row,
 )
 from mtp import SCHEDULES, DraftLength, speculative_generate
 from tests.checkpoints import SHAPES
 from tests.pairs import DRAFTERS, plain, prompt  # the `models` fixture is in conftest.py
+from mtp.sample_drafting import draft_logits
+from mtp.sample_drafting import keyed_sample, keyed_uniform
 
 SEEDS = (0, 1, 2)
 SAMPLER = dict(temperature=1.0, top_k=20, top_p=0.9)
@@ -210,7 +212,7 @@ def test_a_tokens_noise_does_not_depend_on_the_other_candidates() -> None:
         positions = [10, 11, 12, 13]
         everywhere = [int((probs[i].double() / exponential_noise(0, TOKEN_STREAM, n, torch.arange(4096))).argmax())
                       for i, n in enumerate(positions)]
-        dense = keyed_sample(warp(logits, cfg), 0, TOKEN_STREAM, positions).tolist()
+        dense = keyed_sample(TEXTBOOK, warp(logits, cfg), 0, TOKEN_STREAM, positions).tolist()
         assert sample(logits, cfg, TOKEN_STREAM, positions) == everywhere == dense
 
 
@@ -223,21 +225,21 @@ def test_an_exact_tie_goes_to_the_lowest_id() -> None:
 
 def test_keyed_draws_depend_on_seed_and_position_only() -> None:
     probs = torch.full((1, 50), 1 / 50)
-    draw = lambda seed, n: keyed_sample(probs, seed, TOKEN_STREAM, [n]).item()  # noqa: E731
+    draw = lambda seed, n: keyed_sample(TEXTBOOK, probs, seed, TOKEN_STREAM, [n]).item()  # noqa: E731
     state = torch.get_rng_state()
     first = [draw(0, n) for n in range(40)]
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG is untouched
     torch.manual_seed(123)  # and moving it changes nothing
     assert [draw(0, n) for n in reversed(range(40))] == first[::-1]  # order of the calls does not matter
     assert [draw(1, n) for n in range(40)] != first
-    rows = keyed_sample(probs.expand(40, 50), 0, TOKEN_STREAM, list(range(40))).tolist()  # one call, 40 rows
+    rows = keyed_sample(TEXTBOOK, probs.expand(40, 50), 0, TOKEN_STREAM, list(range(40))).tolist()  # one call, 40 rows
     assert rows == first
 
 
 def test_keyed_draws_follow_the_distribution() -> None:
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]])
     n = 4000
-    counts = torch.bincount(keyed_sample(p.expand(n, 5), 5, TOKEN_STREAM, list(range(n))), minlength=5)
+    counts = torch.bincount(keyed_sample(TEXTBOOK, p.expand(n, 5), 5, TOKEN_STREAM, list(range(n))), minlength=5)
     assert counts[4] == 0  # p = 0 never wins
     expected = p[0, :4] * n
     chi2 = float(((counts[:4] - expected) ** 2 / expected).sum())
@@ -340,5 +342,5 @@ def test_sample_drafting_gives_the_centroid_filler_probability_zero(models) -> N
     torch.testing.assert_close(q.sum(dim=-1), torch.ones(3))
     assert ((q > 0).sum(dim=-1) == 128).all()  # the 4 chosen clusters' tokens, nothing else
     assert all(float(q[i, d]) > 0 for i, d in enumerate(drafts))
-    transformers_q = drafter.logits(torch.randn(1, drafter.config.text.hidden_size)).softmax(dim=-1)
+    transformers_q = draft_logits(drafter, torch.randn(1, drafter.config.text.hidden_size)).softmax(dim=-1)
     assert (transformers_q > 0).all()  # the default filler, for parity with transformers

@@ -42,13 +42,16 @@ import pytest
 import torch
 
 import mtp.accept as rules
+import mtp.sample_drafting as rejection
 import mtp.speculative as loop
 from gemma4 import SamplerConfig, load_target
 from gemma4.sampling import (
-    TOKEN_STREAM, ACCEPT_STREAM, candidates, keyed_choice, keyed_uniform, sample, warp,
+    TOKEN_STREAM, ACCEPT_STREAM, candidates, keyed_choice, sample, warp,
 )
 from mtp import DraftLength, load_drafter, speculative_generate
 from tests.pairs import prompt
+from mtp.sample_drafting import draft_logits
+from mtp.sample_drafting import keyed_sample, keyed_uniform
 
 L, K, N, N_WRONG = 4, 2, 800, 400  # a wrong rule fails by a wide margin at half the runs
 SAMPLER = dict(temperature=1.0, top_k=3, top_p=1.0)
@@ -119,7 +122,7 @@ def raw_q_spy(drafter, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
 
     def spy(*args):  # noqa: ANN002, ANN202
         hn, h = step(*args)
-        RAW_Q.append(drafter.logits(hn[:, 0]).float().softmax(dim=-1)[0])  # (V,)
+        RAW_Q.append(draft_logits(drafter, hn[:, 0]).float().softmax(dim=-1)[0])  # (V,)
         return hn, h
 
     RAW_Q.clear()
@@ -137,7 +140,7 @@ def keyed_transformers(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN20
 def keyed_wrong_bonus(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     a, token = correct_keyed(rule, drafts, logits, sampler, t)
     if a == len(drafts) > 0:  # all kept: the bonus from the last draft's row, not from the row after it
-        token = rule.keyed_sample(rule.warp(logits[a - 1:a], sampler), sampler.seed, TOKEN_STREAM, [t + 1 + a]).item()
+        token = keyed_sample(rule, rule.warp(logits[a - 1:a], sampler), sampler.seed, TOKEN_STREAM, [t + 1 + a]).item()
     return a, token
 
 
@@ -146,8 +149,8 @@ def keyed_no_zeroing(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201
     p = rule.warp(logits, sampler)
     for i, d in enumerate(drafts):
         if not keyed_uniform(sampler.seed, ACCEPT_STREAM, t + 1 + i) < float(p[i, d]):
-            return i, rule.keyed_sample(p[i:i + 1], sampler.seed, TOKEN_STREAM, [t + 1 + i]).item()
-    return len(drafts), rule.keyed_sample(p[-1:], sampler.seed, TOKEN_STREAM, [t + 1 + len(drafts)]).item()
+            return i, keyed_sample(rule, p[i:i + 1], sampler.seed, TOKEN_STREAM, [t + 1 + i]).item()
+    return len(drafts), keyed_sample(rule, p[-1:], sampler.seed, TOKEN_STREAM, [t + 1 + len(drafts)]).item()
 
 
 def rejection_transformers(rule, drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
@@ -162,12 +165,12 @@ def rejection_wrong_bonus(rule, drafts, q, logits, sampler, t):  # noqa: ANN001,
 
 def rejection_shared_uniform(rule, drafts, q, logits, sampler, t):  # noqa: ANN001, ANN201
     """The product's rule with the first draft's uniform used at every position of the block."""
-    keyed = rules.keyed_uniform
-    rules.keyed_uniform = lambda seed, stream, position: keyed(seed, stream, t + 1)
+    keyed = rejection.keyed_uniform
+    rejection.keyed_uniform = lambda seed, stream, position: keyed(seed, stream, t + 1)
     try:
         return CORRECT_REJECTION(rule, drafts, q, logits, sampler, t)
     finally:
-        rules.keyed_uniform = keyed
+        rejection.keyed_uniform = keyed
 
 
 RULES = {  # name -> (drafting mode, the function replaced, its replacement); None: the product's own

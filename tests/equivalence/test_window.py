@@ -37,6 +37,7 @@ from tests.tokenizer_fixture import write_tokenizer
 from tests.tolerance import EPS32, FLOOR, RATIO, SAME_MATH, assert_fp32_parity
 from gemma4.engine import generate_one
 from mtp.engine import speculative_one
+from mtp.sample_drafting import draft_logits
 
 W = 8  # the target's sliding window (tests/checkpoints.py)
 SLACK = 5  # the rings: W + 5 = 13 slots, verifies of up to 4 drafts
@@ -386,7 +387,7 @@ def test_a_ring_one_slot_short_loses_a_key(float64_e2b) -> None:  # noqa: ANN001
         kv = target_kv(cache, target, t)
         inputs = wide.layer_inputs(torch.tensor([[t]]), kv, torch.float64)
         hn, _ = wide.step(target.embed(torch.tensor([[verify[1]]])), out.hidden[:, :1], inputs, kv)
-        return wide.logits(hn[:, 0])[0]
+        return draft_logits(wide, hn[:, 0])[0]
 
     expected = drafter_logits(unbounded(target, n))
     same_math(drafter_logits(ring(target, n)), expected)

@@ -19,6 +19,7 @@ from tests.checkpoints import SHAPES, write_assistant, write_target
 from tests.pairs import prompt
 from tests.tf_oracle import tf_assisted_greedy, tf_assistant, tf_draft, tf_drafter_step, tf_target, tf_target_outputs
 from tests.tolerance import assert_fp32_parity
+from mtp.sample_drafting import draft_logits
 
 CASES = [(shape, ordered) for shape in SHAPES for ordered in (True, False)]
 
@@ -63,7 +64,7 @@ def one_step(target, drafter, tf_t, tf_a, ids: list[int], token: int):  # noqa: 
     inputs = drafter.layer_inputs(torch.tensor([[t]]), kv, state.hidden.dtype)
     hn, next_hidden = drafter.step(target.embed(torch.tensor([[token]])), state.hidden[None, -1:], inputs, kv)
     hn = hn[:, 0]  # (1, D)
-    ours = (drafter.logits(hn)[0], hn[0] @ drafter.model.embed_tokens.weight.T, next_hidden[0, 0])  # (V,), (V,), (E,)
+    ours = (draft_logits(drafter, hn)[0], hn[0] @ drafter.model.embed_tokens.weight.T, next_hidden[0, 0])  # (V,), (V,), (E,)
     return ours, int(drafter.greedy_token(hn)), tf_drafter_step(tf_a, tf_t, state, token, t)
 
 
@@ -110,7 +111,7 @@ def test_centroid_greedy_needs_no_full_vocabulary(drafter_vs_tf) -> None:  # noq
         return
     head = drafter.model.embed_tokens.weight
     hn = torch.randn(64, drafter.config.text.hidden_size, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(drafter.greedy_token(hn), drafter.logits(hn).argmax(-1))
+    assert torch.equal(drafter.greedy_token(hn), draft_logits(drafter, hn).argmax(-1))
     # An exact tie between two candidates goes to the lower id, as argmax over the full vector does.
     ids, scores = drafter.masked_embedding.candidates(hn[:1], head)
     best = int(ids[0, scores[0].argmax()])
@@ -119,7 +120,7 @@ def test_centroid_greedy_needs_no_full_vocabulary(drafter_vs_tf) -> None:  # noq
     tied_head[min(best, other)] = tied_head[max(best, other)] = head[best]
     tied = copy.deepcopy(drafter)  # the module's drafter stays as loaded, for the other tests
     tied.model.embed_tokens.weight.data = tied_head
-    assert int(tied.greedy_token(hn[:1])) == min(best, other) == int(tied.logits(hn[:1]).argmax())
+    assert int(tied.greedy_token(hn[:1])) == min(best, other) == int(draft_logits(tied, hn[:1]).argmax())
 
 
 def test_pair_checks_name_both_checkpoints(tmp_path: Path) -> None:

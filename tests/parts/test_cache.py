@@ -13,6 +13,7 @@ from gemma4.cache import EMPTY, KVCache
 from gemma4.extras.memory import cache_bytes
 from gemma4.config import FULL, SLIDING
 from gemma4.config_file import text_config_from_dict
+from gemma4.rows import keep
 from mtp.extras.growing import GrowingCache
 from tests.checkpoints import SHAPES, target_text_config
 
@@ -128,7 +129,7 @@ def test_batch_rows_at_different_positions_and_keep() -> None:
                                              [12 + s if s < 7 else s for s in range(12)]]
     assert cache.read(SLIDING_LAYER, 20).positions.shape == (3, 12)  # per row, once the length is per row
     sliding = cache.keys[SLIDING_LAYER].clone()
-    cache.keep([2, 0])
+    keep(cache, [2, 0])
     assert cache.length.tolist() == [15, 16]
     assert torch.equal(cache.keys[SLIDING_LAYER], sliding[[2, 0]])
     assert torch.equal(cache.keys[FULL_LAYER][1, :, :4], first[FULL_LAYER][0][0])
