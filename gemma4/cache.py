@@ -45,7 +45,7 @@ class Slots(NamedTuple):
     positions: Tensor  # (B, T): the absolute positions written
     ring: Tensor  # (B, T): their slots in a sliding layer's ring
     end: int  # max_b start_b + T: full layers read positions 0..end-1 of every row
-    # type -> the positions of the slots it reads, (1, S) or (B, S)
+    # Layer type -> the positions of the slots it reads, (1, S) or (B, S).
     key_positions: dict[str, Tensor]
 
 
@@ -122,9 +122,9 @@ class KVCache:
         """What a reader of positions 0..end-1 attends to: views of the slots in use and their
         positions."""
         if self.kinds[layer] == SLIDING:
-            n = min(end, self.ring)
-            positions = self.slot_positions[:, :n]  # (B, n)
+            s = min(end, self.ring)
+            positions = self.slot_positions[:, :s]  # (B, S)
         else:
-            n, positions = end, torch.arange(end, device=self.slot_positions.device)[None]  # (1, n)
+            s, positions = end, torch.arange(end, device=self.slot_positions.device)[None]  # (1, S)
         # (B, K, n, D) x 2
-        return KV(self.keys[layer][:, :, :n], self.values[layer][:, :, :n], positions)
+        return KV(self.keys[layer][:, :, :s], self.values[layer][:, :, :s], positions)

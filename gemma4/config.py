@@ -50,7 +50,7 @@ class TextConfig:
     # Ids that stand for an image, video or audio soft token in a multimodal file. Their rows of the
     # embedding table are never trained as text: a text-only model refuses them in a prompt.
     media_token_ids: tuple[int, ...] = ()
-    # the one of them an image's vectors replace (gemma4/README.md §19)
+    # The one of them an image's vectors replace (gemma4/README.md §19).
     image_token_id: int | None = None
 
     @property

@@ -30,7 +30,7 @@ from gemma4.moe import Experts, Router
 from gemma4.norms import RMSNorm, gelu, rms_norm
 from gemma4.sampling import TEXTBOOK
 
-# a prompt's images or audio, as the engine hands them to a forward (gemma4/media.py)
+# A prompt's images or audio, as the engine hands them to a forward (gemma4/media.py).
 if TYPE_CHECKING:
     from gemma4.media import Soft
 
@@ -358,9 +358,9 @@ class Gemma4Model(nn.Module):
         both_ways = None if soft is None else soft.both_ways
         inputs = layer_inputs(c, positions, key_positions, x.dtype, both_ways=both_ways)
         hidden, source_kv = self.stack(x, ple, inputs, cache, slots)
-        n = t if num_logits is None else num_logits
+        shown = t if num_logits is None else num_logits
         shared_kv = {kind: KV(k, v, key_positions[kind]) for kind, (k, v) in source_kv.items()}
-        return ModelOutput(self.logits(hidden[:, t - n:]), hidden, shared_kv)  # (B, n, V)
+        return ModelOutput(self.logits(hidden[:, t - shown:]), hidden, shared_kv)
 
     def stack(self, x: Tensor, ple: Tensor | None, inputs: dict[str, LayerInputs],
               cache: KVCache | None, slots: Slots | None) -> tuple[Tensor, dict[str, KVPair]]:

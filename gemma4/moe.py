@@ -49,7 +49,7 @@ class Experts(nn.Module):
     def forward(self, u: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         """u (N, E), weights/experts (N, k) -> (N, E): each token's weighted sum over its k experts.
         """
-        # the weighted sum is fp32 (gemma4/README.md §10 step 5)
+        # The weighted sum is fp32 (gemma4/README.md §10 step 5).
         out = torch.zeros_like(u, dtype=weights.dtype)
         # Loop over the experts actually chosen, each taking its tokens in one matmul.
         for expert in experts.unique().tolist():

@@ -133,7 +133,7 @@ class Sampling:
               positions: list[int]) -> Iterator[int]:
         """`sample`'s tokens one at a time, each drawn when asked for: no row past a verify's first
         mismatch."""
-        return (self.sample(logits[i:i + 1], cfg, stream, [n])[0] for i, n in enumerate(positions))
+        return (self.sample(logits[i:i + 1], cfg, stream, [p])[0] for i, p in enumerate(positions))
 
 
 # A model's rule unless the speed layer gives it another; its methods are this module's functions
