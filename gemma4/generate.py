@@ -83,8 +83,9 @@ def sample_generate(model: Gemma4Model, prompt: list[int], max_new_tokens: int,
         # One forward: K/V of `ids` written at position.., the logits of the last one.
         start_pos = torch.tensor([position])  # (B,) = (1,)
         out = model.run(torch.tensor([ids]), cache, start_pos=start_pos, num_logits=1)
+        # K/V of 0..position-1 are valid now.
         position += len(ids)
-        cache.length[0] = position  # K/V of 0..position-1 are valid now
+        cache.length[0] = position
         tokens.append(next_token(model, out.logits[0, -1], sampler, position))
         ids = tokens[-1:]
     return tokens

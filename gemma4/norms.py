@@ -21,7 +21,8 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     xf = x.to(wide(x.dtype))  # (..., n)
     out = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
     if weight is not None:
-        out = out * weight.to(xf.dtype)  # in fp32, then one rounding
+        # In fp32, then one rounding.
+        out = out * weight.to(xf.dtype)
     return out.to(x.dtype)
 
 

@@ -52,7 +52,8 @@ class SamplerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.temperature) or self.temperature < 0:  # NaN and inf included
+        # NaN and inf are refused too.
+        if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 and finite (0 is greedy), "
                              f"got {self.temperature}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
@@ -74,17 +75,19 @@ def warp_row(x: Tensor, cfg: SamplerConfig) -> Tensor:
     """One row of logits (V,) -> probabilities (V,) fp32 over the whole row, in transformers' order.
     """
     z = x.float()
-    z = (z - z.max()) / cfg.temperature  # the maximum first: a tiny T gives -inf, never NaN
+    # The maximum first: a tiny T gives -inf, never NaN.
+    z = (z - z.max()) / cfg.temperature
     if 0 < cfg.top_k < z.shape[0]:
-        # Ties at the k-th logit stay
+        # Ties at the k-th logit stay.
         z = z.masked_fill(z < z.topk(cfg.top_k).values[-1], float("-inf"))
     if cfg.top_p < 1:
-        # Equal logits in id order: the higher ids come later
+        # Equal logits in id order: the higher ids come later.
         ascending, order = z.sort(stable=True)
-        # (V,) a prefix
-        removed = ascending.softmax(dim=-1).double().cumsum(dim=-1) <= 1 - cfg.top_p
-        removed[-1] = False  # the most likely token always stays
-        z = z.masked_fill(removed.scatter(0, order, removed), float("-inf"))  # back to id order
+        cumulative = ascending.softmax(dim=-1).double().cumsum(dim=-1)  # (V,)
+        removed = cumulative <= 1 - cfg.top_p  # (V,) a prefix
+        # The most likely token always stays; then back to id order.
+        removed[-1] = False
+        z = z.masked_fill(removed.scatter(0, order, removed), float("-inf"))
     return z.softmax(dim=-1)
 
 

@@ -61,7 +61,8 @@ class CentroidHead(nn.Module):
         would."""
         ids, scores = self.candidates(hn, head)
         best = scores == scores.max(dim=-1, keepdim=True).values  # (B, k*V/C)
-        never = ids.new_full((), torch.iinfo(ids.dtype).max)  # above every id
+        # Above every id: a candidate that is not the best never wins the min.
+        never = ids.new_full((), torch.iinfo(ids.dtype).max)
         return torch.where(best, ids, never).min(dim=-1).values
 
 

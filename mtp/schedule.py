@@ -32,7 +32,8 @@ class DraftLength:
         if given := [name for name, value in auto_only.items() if value is not None]:
             raise ValueError(f"{', '.join(given)} only apply to the auto schedule, "
                              f"not {self.schedule!r}")
-        self.initial = self.k = initial  # k: the K this schedule drafts next, within the room
+        # k: the K this schedule drafts next, within the room.
+        self.initial = self.k = initial
 
     def start_call(self) -> None:
         """A generate call begins."""

@@ -250,6 +250,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
             stats = None
     except KeyboardInterrupt:
         stream.finish()
+        if trace:  # the text so far, after the rounds that made it
+            print(stream.text() if target.tokenizer else " ".join(map(str, stream.tokens)))
         if json_output:
             partial = {"tokens": stream.tokens, "text": stream.text(), "finish_reason": "interrupted", "stats": None}
             print(json.dumps(partial))

@@ -9,8 +9,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 import gemma4.sampling
 from gemma4.generate import sample_generate
 from mtp.speculative import speculative_generate, speculative_rounds
@@ -32,12 +30,11 @@ ENGINE_WORDS = ("batch", "pad", "media", "images", "audio", "chunk", "perf_count
 POSITION_NAMES = ("start", "length", "position", "key_positions", "end")
 
 
-@pytest.fixture(scope="module")
-def path() -> dict[str, tuple[int, int, int]]:
-    return measure()
-
-
-def test_the_path_as_run_is_small_narrow_and_holds_no_kernel_code(path) -> None:  # noqa: ANN001
+def test_the_path_as_run_is_small_narrow_and_holds_no_kernel_code() -> None:
+    """Within its budget of code tokens, no line wider than 100 columns, no kernel code, and README states
+    its size. No isinstance check on a position, a length, a start or a key set anywhere on it: they are
+    tensors. (One test: measuring runs README's block in a fresh interpreter.)"""
+    path = measure()
     assert {"gemma4/generate.py", "gemma4/model.py", "gemma4/cache.py", "gemma4/sampling.py", "mtp/speculative.py",
             "mtp/accept.py", "mtp/drafter.py", "mtp/schedule.py"} <= set(path), path
     assert not [name for name in path if name.startswith(OFF_THE_PATH)], path
@@ -46,10 +43,12 @@ def test_the_path_as_run_is_small_narrow_and_holds_no_kernel_code(path) -> None:
     for name in path:
         text = (REPO / name).read_text().lower()
         assert not any(word in text for word in KERNEL_WORDS + SPEED_WORDS), name
-
-
-def test_the_readme_states_the_measured_size(path) -> None:  # noqa: ANN001
-    """README.md states the code tokens `python -m tests.textbook_path` counts, in KB to one decimal."""
+    for name in path:
+        for node in ast.walk(ast.parse((REPO / name).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                argument = ast.unparse(node.args[0]).lower()
+                assert not any(word in argument for word in POSITION_NAMES), (name, ast.unparse(node))
+    # README.md states the code tokens `python -m tests.textbook_path` counts, in KB to one decimal.
     readme = (REPO / "README.md").read_text()
     found = re.search(r"([\d.]+) KB of code tokens", readme)
     assert found, "README.md no longer states the path's size"
@@ -72,16 +71,6 @@ def test_the_textbook_loop_is_one_short_row() -> None:
         code = re.sub(r'"""[\s\S]*?"""|#.*', "", inspect.getsource(loop)).lower()
         words = re.findall(r"[a-z_]+", code)
         assert not [w for w in words for engine in ENGINE_WORDS if engine in w.split("_")], loop
-
-
-def test_positions_have_one_shape(path) -> None:  # noqa: ANN001
-    """No isinstance check on a position, a length, a start or a key set anywhere on the path: they are
-    tensors."""
-    for name in path:
-        for node in ast.walk(ast.parse((REPO / name).read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
-                argument = ast.unparse(node.args[0]).lower()
-                assert not any(word in argument for word in POSITION_NAMES), (name, ast.unparse(node))
 
 
 def test_no_process_wide_switch() -> None:
