@@ -51,14 +51,12 @@ from mtp.drafter import target_kv
 from mtp.speculative import DRAFTING
 
 from cli.media import IMAGE_TOKENS_HELP
+from cli.threads import use_threads
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 BUG, USAGE_ERROR, INTERRUPTED = 1, 2, 130
 DEFAULT_MAX_NEW_TOKENS = 128
-# Below this hidden size a matmul is too small for a second thread to pay for its synchronisation
-# (the demo's is 64; the smallest release, E2B, has 1536).
-SMALL_HIDDEN = 256
 
 RULES = """\
 defaults: a flag changes only itself. The sampling settings come from the target's
@@ -324,9 +322,7 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Pat
     if raw and not has_chat_template(target_dir):
         refuse("--raw", f"{name} has no chat template, so --prompt is sent as it is already: drop --raw")
     model = load_target(target_dir, dtype, dev, fast=not a.reference)
-    threads = a.threads or (1 if model.config.hidden_size < SMALL_HIDDEN else None)  # None: torch's own
-    if threads is not None:
-        torch.set_num_threads(threads)
+    use_threads(model.config.hidden_size, a.threads)  # the one thread rule (cli/threads.py)
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
     stops = [] if a.ignore_eos else stop_ids(target_dir)
     say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
