@@ -16,3 +16,7 @@ def __getattr__(name: str) -> object:
     if name not in WHERE:
         raise AttributeError(f"module 'gemma4' has no attribute {name!r}")
     return getattr(import_module(f"gemma4.{WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -23,7 +23,8 @@ Facts a reader must know (gemma4/README.md §17):
 import json
 import socket
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -37,6 +38,9 @@ from gemma4.model import Gemma4Model
 # key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
 # that lives on with the model's views (gemma4/fast/apply.py reads the file's tensors with it).
 Reader = Callable[[str, bool], torch.Tensor]
+# A wrapper the caller may give a loader to watch its long loops (the commands draw a bar on a terminal):
+# progress(items, what, how many) yields the items.
+Progress = Callable[[Iterable, str, int], Iterable]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -224,7 +228,7 @@ def _read(handle, file: Path, name: str) -> torch.Tensor:  # noqa: ANN001 (safet
 def read_state_dict(
     model_dir: Path, table: dict[str, tuple[int, ...]], prefix: str, ignored: set[str],
     owned: Callable[[str], bool], dtype: torch.dtype, device: torch.device | str,
-    host_keys: frozenset[str] = frozenset(),
+    host_keys: frozenset[str] = frozenset(), progress: "Progress | None" = None,
 ) -> dict[str, torch.Tensor]:
     """Every `prefix + key` of `table`, checked for shape and cast to dtype (floating tensors only).
 
@@ -232,7 +236,8 @@ def read_state_dict(
     never read. An owned tensor that is neither in the table nor ignored is an error. Keys in
     `host_keys` keep the file's dtype and stay in host memory: views of the memory-mapped file, or pinned
     copies for a model on a GPU (a step moves only the rows it reads). Elsewhere each tensor moves to the
-    device in the file's dtype and is cast there, one at a time.
+    device in the file's dtype and is cast there, one at a time. `progress`: a wrapper to watch the tensors
+    go by (the commands draw a bar).
     """
     index = checkpoint_index(model_dir)
     missing = [prefix + k for k in table if prefix + k not in index]
@@ -246,24 +251,27 @@ def read_state_dict(
     by_file: dict[Path, list[str]] = {}
     for key in table:
         by_file.setdefault(index[prefix + key], []).append(key)
-    for file, keys in by_file.items():
-        handle = _open(file)
-        for key in keys:
-            name = prefix + key
-            shape = tuple(handle.get_slice(name).get_shape())
-            if shape != table[key]:
-                raise CheckpointError(f"tensor {name} has shape {list(shape)}, the config implies {list(table[key])}")
-            tensor = _read(handle, file, name)  # a view of the mapped file: no byte is read yet
-            if key in host_keys:  # a view of the file: a step reads its rows (pinning it would lock the whole table)
-                state[key] = tensor
-                continue
-            wanted = dtype if tensor.is_floating_point() else tensor.dtype
-            if wanted != tensor.dtype:
-                # Pages a cast reads stay resident as long as their mapping lives: read them through a
-                # mapping of their own, gone with the cast, not through `handle`, which lives on in the
-                # tensors kept as views.
-                tensor = _read(_open(file), file, name)
-            state[key] = tensor.to(device=device).to(dtype=wanted)
+    reads = [(file, key) for file, keys in by_file.items() for key in keys]
+    handles: dict[Path, Any] = {}  # one mapping of each file, for the views that stay
+    for file, key in reads if progress is None else progress(reads, "reading tensors", len(reads)):
+        if file not in handles:
+            handles[file] = _open(file)
+        handle = handles[file]
+        name = prefix + key
+        shape = tuple(handle.get_slice(name).get_shape())
+        if shape != table[key]:
+            raise CheckpointError(f"tensor {name} has shape {list(shape)}, the config implies {list(table[key])}")
+        tensor = _read(handle, file, name)  # a view of the mapped file: no byte is read yet
+        if key in host_keys:  # a view of the file: a step reads its rows (pinning it would lock the whole table)
+            state[key] = tensor
+            continue
+        wanted = dtype if tensor.is_floating_point() else tensor.dtype
+        if wanted != tensor.dtype:
+            # Pages a cast reads stay resident as long as their mapping lives: read them through a
+            # mapping of their own, gone with the cast, not through `handle`, which lives on in the
+            # tensors kept as views.
+            tensor = _read(_open(file), file, name)
+        state[key] = tensor.to(device=device).to(dtype=wanted)
     return state
 
 
@@ -280,10 +288,11 @@ def file_reader(model_dir: Path, prefix: str) -> Reader:
 
 def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
+    progress: Progress | None = None,
 ) -> Gemma4Model:
     """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
     layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and why each
-    was taken."""
+    was taken. `progress`: a wrapper to watch the tensors read and the products prepared (`Progress`)."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -295,7 +304,7 @@ def load_target(
                                                                 "model.audio_tower.", "model.embed_audio."))
 
     host = frozenset({"embed_tokens_per_layer.weight"})  # E2B: 262144 x 8960; a step reads one row of it
-    state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device, host)
+    state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device, host, progress)
     with torch.device("meta"):
         model = Gemma4Model(config)
     model.load_state_dict(state, strict=True, assign=True)
@@ -304,7 +313,7 @@ def load_target(
     if fast:
         from gemma4.fast import make_fast  # here, not at the top: the textbook's imports hold no speed layer
 
-        make_fast(model, file_reader(model_dir, prefix), ("head", "embed_tokens.weight"))
+        make_fast(model, file_reader(model_dir, prefix), ("head", "embed_tokens.weight"), progress=progress)
     return model
 
 

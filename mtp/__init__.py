@@ -16,3 +16,7 @@ def __getattr__(name: str) -> object:
     if name not in WHERE:
         raise AttributeError(f"module 'mtp' has no attribute {name!r}")
     return getattr(import_module(f"mtp.{WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

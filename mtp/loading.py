@@ -12,7 +12,8 @@ import torch
 from gemma4.config import FULL, SLIDING, ConfigError, TextConfig
 from gemma4.config_file import read_json, text_config_from_dict
 from gemma4.weights import (
-    CheckpointError, file_reader, read_state_dict, resolve_model_dir, target_ignored, target_weight_table,
+    CheckpointError, Progress, file_reader, read_state_dict, resolve_model_dir, target_ignored,
+    target_weight_table,
 )
 from gemma4.model import Gemma4Model
 from mtp.drafter import Drafter, DrafterConfig
@@ -97,7 +98,7 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
 
 def load_drafter(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
-    target: Gemma4Model | None = None,
+    target: Gemma4Model | None = None, progress: Progress | None = None,
 ) -> Drafter:
     """The assistant of a local directory or Hub id, in eval mode, without gradients; `fast`: the speed layer, as
     `load_target`'s (a centroid head gathers rows: it has no product). Given its `target`, the pair is checked
@@ -109,7 +110,8 @@ def load_drafter(
     if target is not None:
         check_pair(target.config, cfg, "the target given", str(path))
     table = drafter_weight_table(cfg)
-    state = read_state_dict(model_dir, table, "", drafter_ignored(cfg), lambda name: True, dtype, device)
+    state = read_state_dict(model_dir, table, "", drafter_ignored(cfg), lambda name: True, dtype, device,
+                            progress=progress)
     with torch.device("meta"):
         drafter = Drafter(cfg)
     drafter.load_state_dict(state, strict=True, assign=True)
@@ -119,5 +121,5 @@ def load_drafter(
         from gemma4.fast import make_fast  # here, not at the top: the textbook's imports hold no speed layer
 
         head = None if cfg.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
-        make_fast(drafter, file_reader(model_dir, ""), head)
+        make_fast(drafter, file_reader(model_dir, ""), head, progress=progress)
     return drafter

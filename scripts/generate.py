@@ -70,7 +70,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
          compare: bool = False, json_output: bool = False, batch: list[str] | list[list[int]] | None = None,
          demo_target: Path = DEMO_TARGET, images: list[str] | None = None, system: str | None = None,
          think: bool = False, audio: list[str] | None = None, video_frames: str | None = None,
-         fps: float | None = None, trace: bool = False) -> int:
+         fps: float | None = None, trace: bool = False, notes: list[str] | None = None) -> int:
     """Run one generation (or one batch) and print it; returns the exit status (0, or 130 after Ctrl-C)."""
     check_values(flags)
     images, audio = images or [], audio or []
@@ -111,13 +111,17 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         raise UsageError("--compile runs one prompt (its steps are static-shape graphs of one row): give one prompt, "
                          "or drop --compile for a batch")
     # Header and note lines are held until every check has passed (the prompt, the budget, the assistant, the
-    # cache's memory): a refusal then comes alone, one line. Notes are said with --json too; headers are not.
-    held: list[tuple[str, bool]] | None = []
+    # cache's memory): a refusal then comes alone, one line. Under --json stderr stays quiet: the notes go into
+    # the JSON document ("notes"), the headers nowhere.
+    held: list[tuple[str, bool]] | None = [(line, True) for line in notes or []]
+    noted: list[str] = []
 
     def say(line: str, note: bool = False) -> None:
         if held is not None:
             held.append((line, note))
-        elif note or not json_output:
+        elif note and json_output:
+            noted.append(line.removeprefix("note: "))
+        elif not json_output:
             print(line, file=sys.stderr)
 
     def checked() -> None:
@@ -127,7 +131,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
             say(line, note)
 
     # Target, tokenizer and prompt first: a bad prompt fails before the assistant is fetched.
-    target, dev, dtype = load_target_from(flags, say, demo_target, raw)  # --raw without a template: refused first
+    # --raw without a template is refused first.
+    target, dev, dtype = load_target_from(flags, say, demo_target, raw, quiet=json_output)
     as_is = raw or not target.chat  # no chat template: the text is continued as it is
     for flag, given in (("--system", system is not None), ("--think", think)):
         if given and (as_is or (prompt is None and prompt_ids is not None)):
@@ -179,7 +184,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     with_images = f", {' and '.join(counts)} included" if counts else ""
     say(f"prompt     {shown}{len(prompt_ids)} tokens ({how}{with_images})"
         + (f", the first of {len(batch)} rows" if batch else ""))
-    assistant = load_assistant_from(flags, target, dev, dtype, say)
+    assistant = load_assistant_from(flags, target, dev, dtype, say, quiet=json_output)
     say(sampling_line(target, assistant))
     drafter = assistant and assistant.drafter
     draft_length = assistant and assistant.draft_length
@@ -199,7 +204,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
             stops=stops, sampler=sampler, drafting=drafting or "argmax", tokenizer=target.tokenizer,
             json_output=json_output, compare=compare, row_stats=stats_json,
             sampling_json=sampling, prefill_chunk=flags.prefill_chunk)
-        print(json.dumps(result) if json_output else text)
+        print(json.dumps(result | {"notes": noted}) if json_output else text)
         say(totals)
         return 0
 
@@ -207,7 +212,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     checked()
     # --compile: the same loops on the compiled static-shape steps and a cache of the prompt and the budget.
     compiled = compile_steps(target, assistant, len(prompt_ids) + max_new_tokens, say,
-                             flags.prefill_chunk, room) if flags.compile else None
+                             flags.prefill_chunk, room, quiet=json_output) if flags.compile else None
     model = compiled.target if compiled else target.model
     drafter, cache = (compiled.drafter, compiled.cache) if compiled else (drafter, None)
     # --trace: the rounds on stderr as they happen, the text on stdout after them (not mixed into their lines).
@@ -253,7 +258,8 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         if trace:  # the text so far, after the rounds that made it
             print(stream.text() if target.tokenizer else " ".join(map(str, stream.tokens)))
         if json_output:
-            partial = {"tokens": stream.tokens, "text": stream.text(), "finish_reason": "interrupted", "stats": None}
+            partial = {"tokens": stream.tokens, "text": stream.text(), "finish_reason": "interrupted", "stats": None,
+                       "notes": noted}
             print(json.dumps(partial))
         print(f"interrupted after {len(stream.tokens)} new tokens", file=sys.stderr)
         return INTERRUPTED
@@ -292,13 +298,15 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
             result["identical"] = plain == tokens
             # Greedy and argmax drafting reproduce plain decoding exactly; sample drafting draws otherwise.
             result["identical_expected"] = sampler.greedy or drafting == "argmax"
+            # Below float32 a verify of K + 1 rows and a one-token step may round a near tie either way.
+            result["low_precision"] = dtype != torch.float32
             result["speedup"] = result["stats"]["tokens_per_second"] / plain_rate if plain_rate else 0.0
         except KeyboardInterrupt:
             print("interrupted: --compare skipped", file=sys.stderr)
             status = INTERRUPTED
 
     if json_output:
-        print(json.dumps(result))
+        print(json.dumps(result | {"notes": noted}))
     else:
         say("\n" + stats_text(result, stats))
     return status
@@ -371,11 +379,12 @@ def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
 
     def run() -> int:
-        prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file)
+        notes: list[str] = []  # said with the header, or under --json in the JSON document
+        prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file, notes.append)
         return main(flags=ModelFlags.parsed(args), prompt=prompt, prompt_ids=prompt_ids, raw=args.raw,
                     compare=args.compare, json_output=args.json_output, batch=batch, demo_target=demo_target,
                     images=args.image, system=args.system, think=args.think, audio=args.audio,
-                    video_frames=args.video_frames, fps=args.fps, trace=args.trace)
+                    video_frames=args.video_frames, fps=args.fps, trace=args.trace, notes=notes)
     return guarded(run)
 
 

@@ -22,7 +22,7 @@ from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.fast.staging import StagedRows
 from gemma4.model import MLP, Attention, Gemma4Model
 from gemma4.norms import RMSNorm
-from gemma4.weights import Reader
+from gemma4.weights import Progress, Reader
 
 
 def groups(model: nn.Module) -> list[tuple[str, list[str]]]:
@@ -54,7 +54,7 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
 
 @torch.no_grad()
 def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
-              kernels: tuple[str, str] | None = None) -> list[Choice]:
+              kernels: tuple[str, str] | None = None, progress: Progress | None = None) -> list[Choice]:
     """Prepare every product of `model` (`groups`, and the tied head `head` = (head module, weight key)) and swap
     in the fast modules. Returns the kernel decisions, one per (shape, dtype).
 
@@ -63,7 +63,7 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     (tests force every choice)."""
     choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
-    for name, keys in todo:
+    for name, keys in todo if progress is None else progress(todo, "preparing the speed layer", len(todo)):
         parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
         # On the CPU, the file's tensors through mappings of their own (see above); on a GPU, the parameters
         # already there: nothing is read or uploaded twice.

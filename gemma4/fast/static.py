@@ -48,6 +48,7 @@ from gemma4.moe import Experts
 from gemma4.sampling import SamplerConfig, Sampling
 
 if TYPE_CHECKING:  # gemma4 never imports mtp at run time: the drafter is only named here
+    from gemma4.weights import Progress
     from mtp.drafter import Drafter
 
 GRAPHS = 64  # graphs one step function may hold: a row count each (Dynamo's own limit is 8)
@@ -278,10 +279,12 @@ class StaticTarget:
         kv = {kind: cache.read(c.kv_source(kind), start_pos + t) for kind in self.freqs}
         return ModelOutput(logits, hidden, kv)
 
-    def warm_up(self, cache: StaticKVCache) -> None:
+    def warm_up(self, cache: StaticKVCache, progress: "Progress | None" = None) -> None:
         """Compile (and, on CUDA, record) the step of each compiled row count now, on cache slots 0..T-1: they are
-        stale until the next prefill overwrites them (the cache's length is not moved)."""
-        for t in sorted(self.compiled_rows):
+        stale until the next prefill overwrites them (the cache's length is not moved). `progress`: a wrapper to
+        watch the row counts go by (gemma4/weights.py `Progress`)."""
+        rows = sorted(self.compiled_rows)
+        for t in rows if progress is None else progress(rows, "compiling the steps of 1..K+1 rows", len(rows)):
             for _ in range(3 if self.cudagraphs else 1):  # CUDA graphs record on the third call
                 self.run(torch.zeros(1, t, dtype=torch.long), cache)
 

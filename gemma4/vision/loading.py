@@ -59,8 +59,8 @@ def load_vision(path: str | Path, dtype: torch.dtype = torch.float32, device: to
     raw = read_json(Path(model_dir) / "config.json")
     config = vision_config(raw)
     if config is None:
-        raise ImageError(f"{model_dir} has no vision tower (its config.json has no vision_config): images need one "
-                         f"of the multimodal releases, e.g. google/gemma-4-E2B-it")
+        raise ImageError(f"{model_dir} has no vision tower (its config.json has no vision_config): images and video "
+                         f"frames need one of the multimodal releases, e.g. google/gemma-4-E2B-it")
     processing = processing_config(Path(model_dir), config.unified)
     for field in ("patch_size", "pooling_kernel_size"):  # the tower's input is the processor's output
         if getattr(processing, field) != getattr(config, field):

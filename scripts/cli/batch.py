@@ -71,17 +71,17 @@ def read_prompts(path: str) -> list[str]:
     return blocks
 
 
-def split_prompts(texts: list[str] | None, ids: list[list[int]] | None,
-                  file: str | None) -> tuple[str | None, list[int] | None, list | None]:
-    """(prompt, prompt_ids, batch): one prompt as text or ids, or several as a batch."""
+def split_prompts(texts: list[str] | None, ids: list[list[int]] | None, file: str | None,
+                  note: Callable[[str], None]) -> tuple[str | None, list[int] | None, list | None]:
+    """(prompt, prompt_ids, batch): one prompt as text or ids, or several as a batch; `note` takes the line
+    that says how many prompts a file held."""
     texts, ids = list(texts or []), list(ids or [])
     if file is not None:
         if ids:
             raise UsageError("--prompts-file holds text prompts: give --prompt with it, not --prompt-ids")
         read = read_prompts(file)
-        print(f"note: {len(read)} prompt{'s' if len(read) > 1 else ''} read from {file}"
-              + ("" if len(read) > 1 else f" (the whole file; lines holding only {SEPARATOR} separate prompts)"),
-              file=sys.stderr)
+        note(f"note: {len(read)} prompt{'s' if len(read) > 1 else ''} read from {file}"
+             + ("" if len(read) > 1 else f" (the whole file; lines holding only {SEPARATOR} separate prompts)"))
         texts += read
     rows: list = texts or ids
     if len(rows) > 1:

@@ -71,9 +71,9 @@ class Given:
 
     def after_bos(self) -> list[int]:
         """The marks of a prompt without a chat template, right after `<bos>`: images, the video, clips."""
-        m = self.marks()  # every kind given has its side read, so its mark
-        return ([m["boi"]] * len(self.images) + [m["video"]] * (self.video is not None)
-                + [m["boa"]] * len(self.clips))
+        m = self.marks()  # every kind given has its side read, so its mark; a kind not given has none
+        return ([m["boi"]] * len(self.images) if self.images else []) + (
+            [m["video"]] if self.video is not None else []) + ([m["boa"]] * len(self.clips) if self.clips else [])
 
 
 def read_media(target_dir: Path, images: Sequence[str], clips: Sequence[str], video_dir: str | None, fps: float,

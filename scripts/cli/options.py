@@ -22,6 +22,7 @@ with its sibling `assistant` (the demo's layout).
 
 import argparse
 import math
+import os
 import sys
 import time
 import traceback
@@ -51,11 +52,12 @@ from mtp.drafter import target_kv
 from mtp.speculative import DRAFTING
 
 from cli.media import IMAGE_TOKENS_HELP
+from cli.progress import progress
 from cli.threads import use_threads
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-BUG, USAGE_ERROR, INTERRUPTED = 1, 2, 130
+BUG, USAGE_ERROR, INTERRUPTED, CLOSED_PIPE = 1, 2, 130, 141
 DEFAULT_MAX_NEW_TOKENS = 128
 
 RULES = """\
@@ -307,11 +309,16 @@ class Assistant:
     drafting: str
 
 
+def watched(name: str, quiet: bool) -> Callable:
+    """A loader's `progress`: a bar on stderr for each long loop of loading `name` (cli/progress.py)."""
+    return lambda items, what, total: progress(items, f"{name}: {what}", total, quiet)
+
+
 def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Path = DEMO_TARGET,
-                     raw: bool = False) -> tuple[Target, torch.device, torch.dtype]:
+                     raw: bool = False, quiet: bool = False) -> tuple[Target, torch.device, torch.dtype]:
     """Device, dtype and the target, with the sampling settings resolved and checked. `say` prints one
     header line (to stderr, or nowhere). `raw`: --raw was given, refused here for a target without a chat
-    template, before the weights load."""
+    template, before the weights load. `quiet` (--json): no progress bar while it loads."""
     dev = pick_device(a.device)
     dtype = DTYPES[a.dtype or ("bfloat16" if dev.type == "cuda" else "float32")]
     name = a.target or shown_path(demo_target)
@@ -321,7 +328,7 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Pat
     sampler, from_file = sampler_from(a, target_dir)  # before the weights load: a refusal costs nothing
     if raw and not has_chat_template(target_dir):
         refuse("--raw", f"{name} has no chat template, so --prompt is sent as it is already: drop --raw")
-    model = load_target(target_dir, dtype, dev, fast=not a.reference)
+    model = load_target(target_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet))
     use_threads(model.config.hidden_size, a.threads)  # the one thread rule (cli/threads.py)
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
     stops = [] if a.ignore_eos else stop_ids(target_dir)
@@ -335,7 +342,7 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Pat
 
 
 def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype: torch.dtype,
-                        say: Callable[[str], None]) -> Assistant | None:
+                        say: Callable[[str], None], quiet: bool = False) -> Assistant | None:
     """The drafter, checked against the target, and its drafts per round; None with --no-assistant."""
     if a.no_assistant:
         return None
@@ -347,7 +354,7 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
             raise
         raise UsageError(f"{e} (the assistant defaults to {rule}: pass --assistant, or --no-assistant for "
                          f"plain decoding)") from None
-    drafter = load_drafter(assistant_dir, dtype, dev, fast=not a.reference)
+    drafter = load_drafter(assistant_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet))
     check_pair(target.model.config, drafter.config, target.name, name)
     k = a.num_assistant_tokens
     if k is None:  # the release's own choice, as transformers reads it
@@ -402,12 +409,14 @@ def verify_rows(length: DraftLength, room: int) -> tuple[int, ...]:
 
 
 def compile_steps(target: Target, assistant: Assistant | None, capacity: int, say: Callable[[str], None],
-                  prefill_chunk: int | None = None, room: int = MAX_K) -> Compiled:
+                  prefill_chunk: int | None = None, room: int = MAX_K, quiet: bool = False) -> Compiled:
     """Wrap the loaded pair, size the static cache to `capacity` positions (its sliding rings to the prefill's
     chunks), compile the steps the run takes: a decode (1 row) and, with an assistant, a verify of every row
     count its schedule may choose within `room` drafts (`verify_rows`) and the draft step, all before the run."""
     model = target.model
     rows = tuple(t for t in verify_rows(assistant.draft_length, room) if t <= capacity) if assistant else (1,)
+    say(f"compile    {len(rows)} step{'s' if len(rows) > 1 else ''}{' and the draft step' if assistant else ''} "
+        f"before the run: a first compile takes from seconds to minutes")
     start = time.perf_counter()
     prepare_to_compile(model, model.embed_tokens.weight, max(rows))  # in place: this run only compiles from here
     static = StaticTarget(model, compiled_rows=rows, context=capacity)  # the loops stop where the cache ends
@@ -418,7 +427,7 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
     w = model.embed_tokens.weight
     cache = StaticKVCache(model.config, capacity, w.dtype, w.device,
                           slack=ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk))
-    static.warm_up(cache)
+    static.warm_up(cache, watched("torch.compile", quiet))
     if drafter is not None:
         drafter.warm_up(static, cache)
     seconds = time.perf_counter() - start
@@ -486,9 +495,17 @@ def one_line(e: BaseException) -> str:
 
 def guarded(run: Callable[[], int]) -> int:
     """A script's whole run: what the user got wrong ends as one line and exit status 2, Ctrl-C as
-    "interrupted" and 130; anything else is a bug in the code and prints its traceback, exit status 1."""
+    "interrupted" and 130, a reader of stdout that went away (`| head`) quietly with 141, as a Unix tool
+    ends on SIGPIPE; anything else is a bug in the code and prints its traceback, exit status 1."""
     try:
         return run()
+    except BrokenPipeError:
+        # Python would complain once more flushing stdout at exit: point it at nothing first.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout with no file behind it (a test's capture)
+            pass
+        return CLOSED_PIPE
     except KeyboardInterrupt:  # while loading (a running decode catches its own, to print what it made)
         print("\ninterrupted", file=sys.stderr)
         return INTERRUPTED
@@ -501,7 +518,7 @@ def guarded(run: Callable[[], int]) -> int:
     except OSError as e:
         # A file the user named that the system will not open (no permission, a directory), or a reader of
         # stdout that went away: the user's to fix. An OSError about no file comes from inside: a bug.
-        if e.filename is None and not isinstance(e, BrokenPipeError):
+        if e.filename is None:
             traceback.print_exc()
             return BUG
         print(one_line(e), file=sys.stderr)

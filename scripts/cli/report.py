@@ -43,10 +43,13 @@ def stats_text(result: dict, stats: SpecStats | None) -> str:
              f"finished by {result['finish_reason']}"]
     if stats:
         by_position = "  ".join(f"{i + 1}: {p:.0%}" for i, p in enumerate(stats.per_position_acceptance))
-        lines += [f"target forwards      {s['target_forwards']} (1 prefill + {s['target_forwards'] - 1} verifications; "
-                  f"plain decoding needs {len(result['tokens'])})",
+        verifies = s["target_forwards"] - 1
+        rate = (f"acceptance rate {s['acceptance_rate']:.1%}" if s["drafted"] else
+                "nothing drafted (the budget left no room for a draft and the target's own token)")
+        lines += [f"target forwards      {s['target_forwards']} (1 prefill + {verifies} verification"
+                  f"{'' if verifies == 1 else 's'}; plain decoding needs {len(result['tokens'])})",
                   f"tokens per forward   {s['tokens_per_forward']:.2f}",
-                  f"drafted, accepted    {s['drafted']}, {s['accepted']}: acceptance rate {s['acceptance_rate']:.1%}",
+                  f"drafted, accepted    {s['drafted']}, {s['accepted']}: {rate}",
                   f"accepted by position {by_position or '-'}",
                   f"draft lengths        {k_line(s)}"]
         if (s.get("schedule") or {}).get("estimates"):
@@ -61,6 +64,9 @@ def stats_text(result: dict, stats: SpecStats | None) -> str:
         same = "yes" if result["identical"] else f"no: first difference at new token {first_difference(result)}"
         if not result["identical_expected"]:
             same += " (sample drafting: exact in distribution, its draws differ from plain sampling's by design)"
+        elif not result["identical"] and result.get("low_precision"):
+            same += (" (below float32 a verify of several rows and a one-token step can round a near tie either "
+                     "way: --dtype float32 gives plain decoding's tokens)")
         lines += [f"-- {plain_kind} decoding (--compare): {p['seconds']:.2f} s, {p['tokens_per_second']:.1f} tokens/s",
                   f"identical tokens     {same}",
                   f"speedup              {result['speedup']:.2f}x"]
@@ -76,7 +82,8 @@ def k_line(s: dict) -> str:
     """The K of every round, as a histogram, and the time spent at K = 0 (plain decode steps)."""
     histogram = "  ".join(f"K={k}: {n}" for k, n in s["draft_lengths"].items()) or "-"
     at_zero = s["seconds_at_k0"] / s["seconds"] if s["seconds"] else 0.0
-    return f"{histogram} rounds; {at_zero:.0%} of the time at K = 0"
+    rounds = sum(s["draft_lengths"].values())
+    return f"{histogram} round{'' if rounds == 1 else 's'}; {at_zero:.0%} of the time at K = 0"
 
 
 def estimates_line(e: dict) -> str:

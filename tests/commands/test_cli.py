@@ -26,7 +26,9 @@ from safetensors.torch import load_file, save_file
 import generate  # scripts/generate.py (pyproject.toml puts scripts/ on pytest's path)
 from cli.options import guarded
 from cli.stream import Sink, Stream
+from cli.report import stats_text
 from gemma4.tokenizer import Gemma4Tokenizer
+from mtp.stats import SpecStats
 from tests.checkpoints import STOP_IDS, write_assistant, write_target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -500,7 +502,6 @@ def test_a_bug_keeps_its_traceback(bug: Exception, pair: tuple[Path, Path], monk
 
 @pytest.mark.parametrize("error, status", [
     (PermissionError(13, "Permission denied", "prompts.txt"), 2),  # a file the user named: theirs to fix
-    (BrokenPipeError(32, "Broken pipe"), 2),  # the reader of stdout went away
     (OSError(5, "Input/output error"), 1),  # about no file: from inside, a bug
 ])
 def test_os_errors(error: OSError, status: int, capsys: pytest.CaptureFixture) -> None:
@@ -510,6 +511,18 @@ def test_os_errors(error: OSError, status: int, capsys: pytest.CaptureFixture) -
     err = capsys.readouterr().err
     assert ("Traceback" in err) == (status == 1)
     assert err.strip().splitlines()[-1].startswith("error: " if status == 2 else "OSError")
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    """`generate.py | head -c 1`: the reader of stdout goes away; the command ends with status 141 (as a Unix
+    tool on SIGPIPE) and says nothing on stderr but what it said before."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "generate.py"), "--max-new-tokens", "400",
+                             "--ignore-eos", "--no-assistant"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(1)
+    proc.stdout.close()  # as `head -c 1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141, err
+    assert "Traceback" not in err and "error" not in err, err
 
 
 @pytest.mark.usefixtures("default_sigint")  # a SIGINT the run ignores stays ignored in the script it starts
@@ -545,3 +558,27 @@ def test_a_draft_length_past_what_a_round_holds_is_cut(pair, capsys: pytest.Capt
     assert status == 0, err
     assert "note: 3000 drafts a round is cut to 10: that is the most --max-new-tokens 12 holds" in err
     assert json.loads(out)["identical"]
+
+
+def test_statistics_read_right_at_tiny_budgets(capsys: pytest.CaptureFixture) -> None:
+    """Two new tokens on the demo: the prefill's and one plain step (no room for a draft). The statistics say so,
+    in the singular, rather than an acceptance rate of 0%."""
+    status, out, err = run_inprocess(capsys, ["--max-new-tokens", "2"])
+    assert status == 0, err
+    assert "(1 prefill + 1 verification; plain decoding needs 2)" in err
+    assert "drafted, accepted    0, 0: nothing drafted" in err and "acceptance rate" not in err
+    assert "K=0: 1 round;" in err
+
+
+def test_a_low_precision_difference_says_why() -> None:
+    """A bfloat16 --compare whose tokens differ at a near tie says that below float32 this can happen, and how
+    to check; a float32 one that differs says nothing of the kind (there it would be a bug)."""
+    result = {"tokens": [5, 6], "finish_reason": "length", "sampling": {"temperature": 0},
+              "stats": {"target_forwards": 2, "tokens_per_forward": 1.0, "drafted": 1, "accepted": 0,
+                        "acceptance_rate": 0.0, "draft_lengths": {"1": 1}, "seconds_at_k0": 0, "seconds": 1.0,
+                        "tokens_per_second": 2.0},
+              "plain": {"tokens": [5, 7], "seconds": 1.0, "tokens_per_second": 2.0}, "identical": False,
+              "identical_expected": True, "speedup": 1.0}
+    stats = SpecStats()
+    assert "--dtype float32 gives" in stats_text(result | {"low_precision": True}, stats)
+    assert "--dtype float32" not in stats_text(result | {"low_precision": False}, stats)

@@ -214,6 +214,24 @@ def test_without_a_chat_template_media_follow_bos(files: dict[str, Path], tmp_pa
         by_text["tokens"]
 
 
+@pytest.mark.parametrize("kind", ["image", "video", "audio"])
+def test_without_a_chat_template_one_kind_alone(kind: str, files: dict[str, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture) -> None:
+    """One kind of medium alone on a target without a chat template (a KeyError once: the marks of the kinds not
+    given were looked up): its mark right after `<bos>`, as --prompt-ids with it there give."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in files["e2b"].iterdir():
+        if f.name != "chat_template.jinja":
+            (bare / f.name).symlink_to(f)
+    flag, path, mark = {"image": ("--image", files["tall"], BOI), "video": ("--video-frames", files["frames"], VIDEO),
+                        "audio": ("--audio", files["a"], BOA)}[kind]
+    media = [flag, str(path), "--no-assistant"]
+    by_text = generate_json(capsys, bare, "--prompt", "def f(x):", *media)
+    ids = [2, mark] + Gemma4Tokenizer(bare / "tokenizer.json").encode_raw("def f(x):")[1:]
+    assert generate_json(capsys, bare, "--prompt-ids", ",".join(map(str, ids)), *media)["tokens"] == by_text["tokens"]
+
+
 def test_video_frames_default_to_one_per_second(files: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     result = generate_json(capsys, files["e2b"], "--prompt", "x", "--video-frames", str(files["frames"]),
                            "--no-assistant", "--max-new-tokens", "2")
@@ -262,8 +280,8 @@ def test_refusals_are_one_line(case: str, files: dict[str, Path], tmp_path: Path
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_31_s_clip(family: str, files: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    """E2B: cut to its first 30 s (750 tokens), with a note line, also with --json (then alone on stderr); the 12B
-    takes it whole (ceil(31 s * 16000 / 640) = 775 frames), without a note."""
+    """E2B: cut to its first 30 s (750 tokens), with a note line (with --json: in the JSON document's "notes", stderr
+    quiet); the 12B takes it whole (ceil(31 s * 16000 / 640) = 775 frames), without a note."""
     note = "note: long.wav lasts 31.0 s and is cut to its first 30 s, as the release's feature extractor cuts it"
     flags = ["--target", str(files[family]), "--max-new-tokens", "6", "--temperature", "0", "--prompt", "x",
              "--audio", str(files["long"])]
@@ -274,7 +292,8 @@ def test_a_31_s_clip(family: str, files: dict[str, Path], capsys: pytest.Capture
     assert any(line.startswith("audio      long.wav (") for line in lines), err
     status, out, err = run_inprocess(capsys, [*flags, "--json"])
     assert status == 0, err
-    assert err.splitlines() == ([note] if family == "e2b" else [])
+    assert err == ""
+    assert json.loads(out)["notes"] == ([note.removeprefix("note: ")] if family == "e2b" else [])
     assert json.loads(out)["audio"] == [{"path": str(files["long"]), "tokens": 750 if family == "e2b" else 775}]
 
 

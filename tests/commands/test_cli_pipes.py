@@ -55,11 +55,12 @@ def test_prompts_file_lines(pair, tmp_path: Path, capsys: pytest.CaptureFixture)
     assert status == 0, err
     assert "rows" not in json.loads(out)  # one prompt: the one-prompt object
     assert json.loads(out)["tokens"] == json.loads(run_inprocess(capsys, [*common, "--prompt", wrapped])[1])["tokens"]
-    assert f"note: 1 prompt read from {file} (the whole file" in err
+    assert err == "" and json.loads(out)["notes"][0].startswith(f"1 prompt read from {file} (the whole file")
     file.write_text("hi\n---\nthere\n\n\n")
     status, out, err = run_inprocess(capsys, [*common, "--prompts-file", str(file)])
     assert status == 0, err
-    assert len(json.loads(out)["rows"]) == 2 and f"note: 2 prompts read from {file}" in err
+    assert len(json.loads(out)["rows"]) == 2 and json.loads(out)["notes"][0] == f"2 prompts read from {file}"
+    assert err == ""  # --json keeps stderr quiet
     file.write_text("hi\n---\n   \n---\nthere\n")
     status, out, err = run_inprocess(capsys, [*common, "--prompts-file", str(file)])
     assert status == 2 and "the prompt at line 3 of --prompts-file" in err
@@ -70,8 +71,9 @@ def test_max_new_tokens_beyond_the_context(pair, capsys: pytest.CaptureFixture) 
     status, out, err = run_inprocess(capsys, ["--target", str(pair[0]), "--assistant", str(pair[1]), "--prompt-ids",
                                               ids, "--max-new-tokens", "5000", "--ignore-eos", "--json"])
     assert status == 0, err
-    assert err.strip() == ("note: --max-new-tokens 5000 is cut to 24: the context holds 1024 positions and the "
-                           "prompt takes 1000")
+    assert err == ""  # --json: the note is in the document
+    assert json.loads(out)["notes"] == ["--max-new-tokens 5000 is cut to 24: the context holds 1024 positions and "
+                                        "the prompt takes 1000"]
     assert len(json.loads(out)["tokens"]) == 24
 
 

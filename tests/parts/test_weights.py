@@ -9,6 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gemma4 import CheckpointError, ConfigError, load_target
+from gemma4.weights import target_weight_table
+from mtp import load_drafter
 from tests.checkpoints import write_target
 
 PREFIX = "model.language_model."
@@ -175,3 +177,26 @@ def test_assistant_config_is_not_a_target(tmp_path: Path, e2b: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="not a Gemma 4 target"):
         load_target(tmp_path)
+
+
+def test_the_loaders_show_their_long_loops_to_a_progress_wrapper() -> None:
+    """`progress=` sees every tensor read (and, with the speed layer, every product prepared), with the count
+    it will yield; the model it gives is the one loaded without it."""
+    seen: list[tuple[str, int, int]] = []
+
+    def watch(items, what: str, total: int):  # noqa: ANN001, ANN202 (any iterable, as the loaders give)
+        items = list(items)
+        seen.append((what, total, len(items)))
+        return items
+
+    demo = Path(__file__).resolve().parents[2] / "scripts" / "demo"
+    watched = load_target(demo / "target", fast=True, progress=watch)
+    assert [what for what, _, _ in seen] == ["reading tensors", "preparing the speed layer"]
+    assert all(total == n > 0 for _, total, n in seen)
+    assert seen[0][1] == len(target_weight_table(watched.config))  # every tensor of the name table
+    plain = load_target(demo / "target")
+    ids = torch.tensor([[2, 5, 9, 11]])
+    torch.testing.assert_close(watched(ids), plain(ids), rtol=1e-5, atol=1e-5)
+    seen.clear()
+    load_drafter(demo / "assistant", progress=watch)
+    assert [what for what, _, _ in seen] == ["reading tensors"]

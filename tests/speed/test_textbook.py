@@ -9,7 +9,9 @@ import re
 import subprocess
 import sys
 
+import gemma4
 import gemma4.sampling
+import mtp
 from gemma4.generate import sample_generate
 from mtp.speculative import speculative_generate, speculative_rounds
 from tests.textbook_path import REPO, WIDTH, loaded, measure
@@ -108,6 +110,8 @@ def test_the_public_names_load_their_modules_on_use() -> None:
     """`import gemma4` and `import mtp` load nothing but themselves; a public name loads its own module;
     `DraftLength(4)` imports neither the auto nor the heuristic schedule."""
     assert loaded("gemma4") == ["gemma4"] and loaded("mtp") == ["mtp"]
+    assert {"load_target", "greedy_generate", "KVCache"} <= set(dir(gemma4)), "dir() lists the public names"
+    assert {"load_drafter", "speculative_generate", "Conversation"} <= set(dir(mtp))
     assert "gemma4.weights" in loaded("gemma4; gemma4.load_target")
     constant = loaded("mtp; mtp.DraftLength(4)")
     assert "mtp.schedule" in constant and not {"mtp.auto_schedule", "mtp.heuristic"} & set(constant), constant
