@@ -17,6 +17,9 @@
   control strings through: a deliberate difference. Model turns keep their control tokens (they are
   the model's own), so they are parsed, as the template does.
 - The template writes `<bos>` itself, so nothing else adds one.
+- Text must be valid UTF-8: bytes that did not decode reach Python code as lone surrogates (argv and stdin
+  keep them with surrogateescape), which no token spells, so `check_text` refuses them with a PromptError (a
+  ValueError that the scripts print as one line) before `tokenizers` would raise a TypeError.
 - The instruction-tuned targets stop on any of `generation_config.json`'s `eos_token_id`
   ([1, 106, 50]: `<eos>`, `<turn|>`, `<|tool_response>`).
 - 12B, 26B-A4B and 31B append an empty, closed thought block to the generation prompt when thinking is
@@ -48,6 +51,20 @@ class Message:
     images: int = 0  # a user turn's images, each written as one boi id before the text (§19 expands them)
     clips: int = 0  # its audio clips, each one boa id after the images and videos (§20 expands them)
     videos: int = 0  # its videos, each one video id after the images (§19 expands each into timed frames)
+
+
+def check_text(text: str) -> None:
+    """Refuse text that is not valid UTF-8: lone surrogates, the form in which Python keeps bytes that did not
+    decode (U+DC80..U+DCFF for the bytes 0x80..0xFF, from argv or stdin), or ones written as escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        from gemma4.generate import PromptError  # here, not at the top: importing the tokenizer loads no torch
+        code = ord(text[e.start])
+        what = (f"the byte 0x{code - 0xDC00:02X}, which is not UTF-8 (Python holds it as the lone surrogate "
+                f"U+{code:04X})" if 0xDC80 <= code <= 0xDCFF else f"the lone surrogate U+{code:04X}")
+        raise PromptError(f"the text is not valid UTF-8: character {e.start + 1} is {what}: give the text in UTF-8 "
+                          f"(convert it first, e.g. iconv -f LATIN1 -t UTF-8)") from None
 
 
 def strip_thought(text: str) -> str:
@@ -95,11 +112,15 @@ class Gemma4Tokenizer:
         self.chat_template = chat_template(Path(tokenizer_file).parent)  # None: the file has none beside it
 
     def encode(self, text: str) -> list[int]:
-        """Exact ids of `text`; special tokens written in the text are recognised, nothing is added."""
+        """Exact ids of `text`; special tokens written in the text are recognised, nothing is added. PromptError
+        (a ValueError) for text that is not valid UTF-8."""
+        check_text(text)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_text(self, text: str) -> list[int]:
-        """Ids of `text` as plain text: a special token's spelling becomes ordinary tokens."""
+        """Ids of `text` as plain text: a special token's spelling becomes ordinary tokens. PromptError (a
+        ValueError) for text that is not valid UTF-8."""
+        check_text(text)
         # `tokenizers` matches added tokens whatever add_special_tokens says; this switch (the one
         # transformers' split_special_tokens sets) turns that off, for this call only.
         self.tokenizer.encode_special_tokens = True
@@ -115,6 +136,8 @@ class Gemma4Tokenizer:
         video_token_id)."""
         # Each run of text between two control tokens is tokenized whole, as the tokenizer splits a
         # rendered string at its special tokens: `user\n` and the text form one run.
+        for text in [system or "", *(m.text for m in messages)]:  # each text whole: its own character positions
+            check_text(text)
         newline = self.encode_text("\n")
         ids = [BOS_ID]
         if think or system is not None:

@@ -3,6 +3,8 @@
 - Every model flag is generate.py's (scripts/cli/options.py), with the same two rules: a flag changes
   only itself (defaults from the checkpoint's files), and a flag that would do nothing is refused.
   chat.py adds `--system`, `--think`, `--context` (the positions the conversation may hold) and `--json`.
+  Its parser takes no abbreviations (`--image` is not `--image-tokens`), and generate.py's prompt flags get one
+  line that says what chat takes instead. `--system` and `--think` need a chat template, as in generate.py.
 - The conversation is mtp/extras/conversation.py's: each turn renders the whole conversation by token id
   and prefills only what the target's cache does not already hold. A reply is exactly what
   `generate.py --prompt-ids <that turn's prompt_ids>` writes with the same flags.
@@ -13,9 +15,14 @@
 - `/image PATH` and `/audio PATH` (a target that sees or hears) read the image or the WAV clip at once and send
   it with the next message, before its text (images, then clips: the order we give the release's chat template)
   (scripts/cli/media.py); the side is loaded at its first one. A file it cannot read is one line ("not attached:
-  ...") and the conversation goes on.
+  ...") and the conversation goes on. `/reset` drops them too, and says so. A video is generate.py's
+  (`--video-frames`): the conversation holds images and clips only, and `/video` says so in one line.
+- A message that cannot be sent (past the context, text that is not UTF-8) is one line ("not sent: ...") and
+  the conversation goes on as it was. stdin is read with surrogateescape, so bytes that are not UTF-8 reach the
+  tokenizer, which names them, rather than ending the session.
 - `--json`: stdin lines are user turns, stdout one JSON object per turn on one line, nothing else
-  (`{"error": ...}` in the place of a turn that does not fit the context, or of an image or clip not attached).
+  (`{"error": ...}` in the place of a turn not sent, of an image or clip not attached, of /video); stderr stays quiet:
+  a note line (`--context` or the drafts per round cut, a clip cut to 30 s) goes into the next object's "notes".
 - A model without a chat template (the demo, a model of Python source) still chats: Gemma 4's
   turns are written by id, and its vocabulary holds the control tokens. The header says it never saw
   chat turns, so its replies are continuations of code, not answers.
@@ -47,6 +54,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from gemma4.audio.loading import Audio, load_audio
     from gemma4.audio.wav import AudioError
     from gemma4.config_file import read_json
+    from gemma4.rows import PromptError
     from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer
     from gemma4.vision.config import ImageTokens, image_tokens, vision_config
     from gemma4.vision.loading import Vision, load_vision
@@ -61,6 +69,8 @@ HELP = f"""\
 type a message and Enter; a line {FENCE} opens and closes a message of several lines
 /image PATH or /audio PATH (a WAV file) adds an image or a clip to your next message, /reset starts over,
 /stats shows the last turn's figures, /exit or Ctrl-D leaves; Ctrl-C stops a reply"""
+NO_VIDEO = ("chat takes no video (a conversation holds images and clips): send a video with generate.py "
+            "--video-frames DIR --fps N, or attach single frames as images with /image PATH")
 
 
 # ---------------------------------------------------------------- input
@@ -167,6 +177,15 @@ class Session:
     clock: RoundClock | None = None  # the last turn's: its rounds' seconds
     pending: dict[str, list[torch.Tensor]] = field(default_factory=lambda: {"/image": [], "/audio": []})
     eager: int | None = None  # --compile: the last turn's rounds whose step ran uncompiled
+    notes: list[str] = field(default_factory=list)  # --json: note lines, carried by the next object printed
+
+    def write(self, obj: dict) -> None:
+        """--json: one object on one line, with the notes said since the last one ("notes", only when there are
+        some: an object with none is as before)."""
+        if self.notes:
+            obj = {**obj, "notes": list(self.notes)}
+            self.notes.clear()
+        print(json.dumps(obj), flush=True)
 
     def turn(self, text: str) -> None:
         stream = Stream(self.conversation.tokenizer, self.sinks)
@@ -177,9 +196,9 @@ class Session:
             reply = self.conversation.say(text, self.max_new_tokens, self.target.sampler, a and a.draft_length,
                                           a.drafting if a else "argmax", on_commit=clock,
                                           images=self.pending["/image"], audio=self.pending["/audio"])
-        except ContextFull as e:  # the conversation is unchanged and goes on
+        except (ContextFull, PromptError) as e:  # past the context, text not UTF-8: unchanged, and it goes on
             if self.json_output:  # an object in the turn's place: a script reading a line per turn stays in step
-                print(json.dumps({"error": str(e)}), flush=True)
+                self.write({"error": str(e)})
             self.say(f"not sent: {e}\n")
             return
         except KeyboardInterrupt:  # in the instant before its loop began: the turn did not happen
@@ -189,7 +208,7 @@ class Session:
         self.last, self.clock, self.pending = reply, clock, {"/image": [], "/audio": []}
         self.eager = None if before is None else self.conversation.target.eager_steps - before
         if self.json_output:
-            print(json.dumps(reply_json(reply, clock, a and a.draft_length, self.eager)), flush=True)
+            self.write(reply_json(reply, clock, a and a.draft_length, self.eager))
             return
         stream.finish()
         if reply.finish_reason == "interrupted":
@@ -202,11 +221,12 @@ class Session:
         pending = self.pending[command]
         try:
             if not path:
-                raise UsageError(f"{command} needs a path: {command} {'photo.jpg' if kind == 'image' else 'speech.wav'}")
+                example = "photo.jpg" if kind == "image" else "speech.wav"
+                raise UsageError(f"{command} needs a path: {command} {example}")
             pending.append(self.read[command](path))
         except USER_ERRORS as e:  # a bad file, or a side whose files are broken: said, and the chat goes on
             if self.json_output:  # an object in the place of what did not happen
-                print(json.dumps({"error": str(e)}), flush=True)
+                self.write({"error": str(e)})
             self.say(f"not attached: {e}\n")
             return
         n = len(pending)
@@ -215,13 +235,22 @@ class Session:
 
     def command(self, line: str) -> bool:
         """Run `line` if it is a command (/exit is the caller's); False if it is a message."""
-        if line == "/reset":
+        if line == "/reset":  # the attachments of the next message go too: they belonged to this conversation
             self.conversation.reset()
+            dropped = [f"{len(self.pending[c])} {kind}{'s' if len(self.pending[c]) > 1 else ''}"
+                       for c, kind in (("/image", "image"), ("/audio", "clip")) if self.pending[c]]
             self.pending = {"/image": [], "/audio": []}
-            self.say("-- the conversation starts over\n")
+            self.say("-- the conversation starts over" + (
+                f"; dropped too: {' and '.join(dropped)} attached for your next message" if dropped else "") + "\n")
             return True
-        if line.split(maxsplit=1)[0] in ("/image", "/audio"):
-            self.attach(line.split(maxsplit=1)[0], line.split(maxsplit=1)[1].strip() if len(line.split()) > 1 else "")
+        word, rest = (line.split(maxsplit=1) + [""])[:2]
+        if word in ("/image", "/audio"):
+            self.attach(word, rest.strip())
+            return True
+        if word == "/video":  # one line, not a message that would send "/video DIR" to the model as text
+            if self.json_output:
+                self.write({"error": NO_VIDEO})
+            self.say(f"not attached: {NO_VIDEO}\n")
             return True
         if self.json_output or not line.startswith("/") or len(line.split()) > 1:
             return False
@@ -246,32 +275,62 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
         refuse("--context", f"{context} positions hold no turn: give at least 2 (a prompt token and a reply)")
     if flags.show_drafts and json_output:
         refuse("--show-drafts", "--json streams no text to mark: drop one of the two")
-    say: Callable[[str], None] = (lambda line: None) if json_output else (lambda line: print(line, file=sys.stderr))
-    target, dev, dtype = load_target_from(flags, say, demo_target)
+    # Header and note lines are held until every check has passed (as generate.py holds them): a refusal then comes
+    # alone, one line. With --json the header is not said and a note goes into the next object printed.
+    held: list[str] | None = []
+    notes: list[str] = []
+
+    def say(line: str) -> None:
+        if json_output:
+            return
+        if held is not None:
+            held.append(line)
+        else:
+            print(line, file=sys.stderr)
+
+    def note(line: str) -> None:
+        if json_output:  # as generate.py's "notes": the line without its "note: "
+            notes.append(line.removeprefix("note: "))
+        else:
+            say(line)
+
+    target, dev, dtype = load_target_from(flags, say, demo_target, quiet=json_output)  # --json: no progress bars
+    for flag, given in (("--system", system is not None), ("--think", think)):  # generate.py's rule
+        if given and not target.chat:
+            refuse(flag, f"the chat template writes it, and {target.name} has no chat template (it never saw a "
+                         f"system turn or a thought): drop {flag}")
     tokenizer = chat_tokenizer(target, think)
+    if system is not None:  # at the start, not as every turn's refusal
+        try:
+            tokenizer.encode_text(system)
+        except PromptError as e:
+            raise UsageError(f"--system: {e}") from None
     raw = read_json(target.dir / "config.json")
     tokens: ImageTokens | None = image_tokens(raw) if vision_config(raw) else None  # None: text only
     hears: AudioTokens | None = audio_tokens(raw) if audio_config(raw) else None  # None: no audio side
     if flags.image_tokens is not None and (tokens is None or flags.compile):
         refuse("--image-tokens", f"it sizes /image's images, and {target.name} takes none"
                                  f"{' with --compile' if tokens else ' (no vision tower)'}")
-    assistant = load_assistant_from(flags, target, dev, dtype, say)
+    assistant = load_assistant_from(flags, target, dev, dtype, say, quiet=json_output)
     say(sampling_line(target, assistant))
     max_new_tokens = DEFAULT_MAX_NEW_TOKENS if flags.max_new_tokens is None else flags.max_new_tokens
     # The positions the conversation may hold: --context, else the model's; with --compile at most COMPILED_CONTEXT
     # unless asked, as every compiled step reads its static cache whole (gemma4/fast/README.md).
     model_context = target.model.config.max_position_embeddings
-    if context and context > model_context:  # said even with --json, as --max-new-tokens' cut is
-        print(f"note: --context {context} is cut to {model_context}: the model holds {model_context} positions",
-              file=sys.stderr)
+    if context and context > model_context:  # said even with --json (in its first object)
+        note(f"note: --context {context} is cut to {model_context}: the model holds {model_context} positions")
     context = min(model_context, context or (COMPILED_CONTEXT if flags.compile else model_context))
     say(chat_line(target, system, think, max_new_tokens, context))
     if flags.compile:  # a static cache holds every position from the start
         check_cache_fits(target.model, context, flags.prefill_chunk)
     room = draft_room(max_new_tokens, flags.prefill_chunk)  # the most drafts a round of a turn can hold
-    if note := cut_drafts_note(assistant and assistant.draft_length, room, max_new_tokens):
-        print(note, file=sys.stderr)
-    compiled = compile_steps(target, assistant, context, say, flags.prefill_chunk, room) if flags.compile else None
+    if cut := cut_drafts_note(assistant and assistant.draft_length, room, max_new_tokens):
+        note(cut)
+    for line in held:  # every check has passed
+        print(line, file=sys.stderr)
+    held = None
+    compiled = (compile_steps(target, assistant, context, say, flags.prefill_chunk, room, quiet=json_output)
+                if flags.compile else None)
     prompt = not json_output and source.isatty()
     if prompt:
         say(HELP)
@@ -306,10 +365,10 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
                              f"E4B or the 12B)")
         if not audio:
             audio.append(load_audio(target.dir, dtype, dev))
-        return read_clip(audio[0], path, lambda line: print(line, file=sys.stderr))  # a note, --json or not
+        return read_clip(audio[0], path, note)  # a clip cut to 30 s: a note, --json or not
 
     session = Session(conversation, target, assistant, max_new_tokens, sinks, json_output, say,
-                      {"/image": read, "/audio": hear})
+                      {"/image": read, "/audio": hear}, notes=notes)
     warm_up(target.model, assistant, room)  # every step's shapes once, so one-time costs are not charged to turn 1
     lines = Lines(source, prompt)
     interrupted = False  # the last thing at the prompt was a Ctrl-C
@@ -347,14 +406,25 @@ COMMANDS = f"""\
 in the conversation:
 {HELP}
 Ctrl-C at the prompt drops the line; a second Ctrl-C in a row leaves. --max-new-tokens counts per turn.
+/reset also drops the images and clips attached for the next message, and says so. A video is generate.py's
+--video-frames: /video says so. A message that cannot be sent (past --context, text that is not UTF-8) is one
+line and the conversation goes on. --system and --think need a chat template (the demo has none).
 --json: stdin lines are user turns (a line /reset resets, /image PATH adds an image, /audio PATH a clip, /exit
 leaves); stdout gets one JSON object per turn on one line: turn, prompt_ids, reused, prefilled, tokens, text,
-finish_reason, stats (an image or clip not attached: {{"error": ...}})."""
+finish_reason, stats (a turn not sent, an image or clip not attached: {{"error": ...}}); stderr stays quiet:
+a note line goes into the next object, as "notes": [...]."""
+GENERATE_ONLY = {  # generate.py's prompt flags, which chat takes at its prompt instead: flag -> what to do
+    "--prompt": "type the message at the >>> prompt, or pipe it into stdin",
+    "--image": "attach an image at the >>> prompt with /image PATH",
+    "--audio": "attach a WAV clip at the >>> prompt with /audio PATH",
+    "--video-frames": "a video is generate.py's alone: use generate.py --video-frames DIR",
+}
 
 
 def parser() -> Parser:
+    # No abbreviations: `--image` (generate.py's) would otherwise be taken for --image-tokens.
     p = Parser(prog="chat.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-               description=DESCRIPTION, epilog=RULES + "\n" + COMMANDS)
+               description=DESCRIPTION, epilog=RULES + "\n" + COMMANDS, allow_abbrev=False)
     add_model_options(p)
     p.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation")
     p.add_argument("--think", action="store_true",
@@ -368,11 +438,27 @@ def parser() -> Parser:
     return p
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments; an unknown one is one line (Parser.error), which for generate.py's prompt flags says what chat
+    takes instead."""
+    p = parser()
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        flag = next((a.split("=", 1)[0] for a in unknown if a.split("=", 1)[0] in GENERATE_ONLY), None)
+        p.error(f"{flag} is generate.py's, not chat.py's: {GENERATE_ONLY[flag]}" if flag else
+                f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target: Path = DEMO_TARGET) -> int:
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if source is None:
+        source = sys.stdin
+        if hasattr(source, "reconfigure"):  # bytes that are not UTF-8 reach the tokenizer, which names them
+            source.reconfigure(errors="surrogateescape")
     return guarded(lambda: main(flags=ModelFlags.parsed(args), system=args.system, think=args.think,
-                                json_output=args.json_output, source=sys.stdin if source is None else source,
-                                demo_target=demo_target, context=args.context))
+                                json_output=args.json_output, source=source, demo_target=demo_target,
+                                context=args.context))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,11 @@ USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError, ImageError
 
 
 class Parser(argparse.ArgumentParser):
+    """argparse, one error line, and no abbreviations: `--image` must not be taken for `--image-tokens`."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
     def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
         print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(USAGE_ERROR)

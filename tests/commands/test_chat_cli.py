@@ -10,6 +10,11 @@
 - As a user meets it, in real subprocesses on the demo pair: --json's stdout holds one object per turn
   and nothing else; on a pseudo-terminal (the standard library's `pty`) the `>>> ` prompt, a streamed
   reply, Ctrl-C in a long reply (the session goes on), /stats, Ctrl-C at the prompt, and each way out.
+- What a new user gets wrong, each one line and no traceback: a message that is not UTF-8 (piped, typed, or with
+  stdin read strictly) is not sent and the chat goes on, a --system that is not UTF-8 is refused at the start;
+  generate.py's --image (no longer taken for --image-tokens: no abbreviations) and its other prompt flags;
+  /video; --system and --think on a model without a chat template (generate.py's rule). /reset says it dropped
+  what was attached for the next message. With --json stderr stays quiet: the note lines go into the next object.
 """
 
 import codecs
@@ -24,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import wave
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,7 +37,9 @@ import pytest
 
 import chat  # scripts/chat.py (pyproject.toml puts scripts/ on pytest's path)
 from gemma4.tokenizer import CHANNEL_END_ID, CHANNEL_START_ID, Gemma4Tokenizer
+from tests.checkpoints import MEDIA_IDS, picture, write_target
 from tests.commands.test_cli import assert_one_line_failure, run_inprocess  # the `pair` fixture is in conftest.py
+from tests.tokenizer_fixture import write_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "chat.py"
@@ -106,7 +114,8 @@ def contains(ids: list[int], part: list[int]) -> bool:
 # ---------------------------------------------------------------- exactness
 
 @pytest.mark.parametrize("name", SETTINGS)
-def test_turns_equal_generate_on_their_prompt_ids(name: str, pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+def test_turns_equal_generate_on_their_prompt_ids(name: str, pair,  # noqa: ANN001
+                                                  capsys: pytest.CaptureFixture) -> None:
     status, replies, err = run_chat(capsys, model_flags(pair, SETTINGS[name], chat_flags=True), SCRIPT_LINES)
     assert status == 0 and err == "", err  # /exit: the line after it is never read
     assert [r["turn"] for r in replies] == [1, 2, 3, 1, 2]
@@ -162,7 +171,7 @@ def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # no
     """Without --json and without a terminal: stdout holds the replies alone, the same text as --json's;
     a message too long for the context is not sent, in one line, and the session goes on."""
     flags = model_flags(pair, ["--temperature", "0"])
-    lines = ["Hi.", "x" * 1100, "/stats", "Again.", "/nonsense"]
+    lines = ["Hi.", "x" * 1100, "/stats", "Again.", "/nonsense", "/video clips/"]
     status = chat.cli(flags, source=io.StringIO("".join(line + "\n" for line in lines)))
     out, err = capsys.readouterr()
     assert status == 0, err
@@ -171,6 +180,7 @@ def test_text_mode_in_a_pipe(pair, capsys: pytest.CaptureFixture) -> None:  # no
     assert "\nnot sent: this turn needs " in err and "context holds 1024: /reset to start over\n" in err
     assert f"-- turn 1: the prompt has {len(replies[0]['prompt_ids'])} tokens: 0 reused from the cache" in err
     assert "unknown command /nonsense" in err and "Traceback" not in err
+    assert f"\nnot attached: {chat.NO_VIDEO}\n" in err and "generate.py --video-frames DIR --fps N" in chat.NO_VIDEO
 
 
 @pytest.mark.parametrize("speculative", [True, False])
@@ -187,11 +197,21 @@ def test_a_smaller_context(speculative: bool, pair, capsys: pytest.CaptureFixtur
     assert out[1] == {"error": out[1]["error"]} and f"context holds {context}: /reset" in out[1]["error"]
 
 
-def test_a_context_past_the_models_is_cut_with_a_note(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
-    flags = model_flags(pair, ["--temperature", "0"])
-    status, _, err = run_chat(capsys, [*flags, "--context", "5000"], ["Hi."])
-    assert status == 0, err
-    assert "note: --context 5000 is cut to 1024: the model holds 1024 positions" in err
+def test_notes_go_to_stderr_and_with_json_into_the_next_object(pair,  # noqa: ANN001
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """--context past the model's and more drafts a round than --max-new-tokens holds: two note lines on stderr, and
+    with --json stderr stays quiet and the first object carries them (as generate.py's "notes"), the next none."""
+    flags = [*model_flags(pair, ["--temperature", "0"]), "--context", "5000", "--max-new-tokens", "3"]
+    notes = ["--context 5000 is cut to 1024: the model holds 1024 positions",
+             "3 drafts a round is cut to 1: that is the most --max-new-tokens 3 holds"]
+    status, out, err = run_chat(capsys, flags, ["Hi.", "Again."])
+    assert status == 0 and err == "", err
+    assert out[0]["notes"] == notes and set(out[0]) == FIELDS | {"notes"} and set(out[1]) == FIELDS
+    status = chat.cli(flags, source=io.StringIO("Hi.\n"))
+    err = capsys.readouterr().err
+    assert status == 0 and all(f"\nnote: {line}\n" in err for line in notes), err
+    status, out, err = run_chat(capsys, flags, ["x" * 1100, "Hi."])  # the first object is an error: it has them
+    assert status == 0 and err == "" and out[0] == {"error": out[0]["error"], "notes": notes} and "notes" not in out[1]
 
 
 def test_dimmed_thought(tmp_path: Path) -> None:
@@ -220,6 +240,17 @@ def test_dimmed_thought(tmp_path: Path) -> None:
     (["--no-assistant", "--schedule", "heuristic"], "--schedule has no effect here"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["--context", "1"], "--context"),
+    # generate.py's flags: --image was taken for --image-tokens ("invalid int value"); no abbreviation is taken.
+    (["--image", "cat.png"], "--image is generate.py's, not chat.py's: attach an image at the >>> prompt"),
+    (["--max-new-tokens", "4", "--image=cat.png"], "--image is generate.py's, not chat.py's"),
+    (["--video-frames", "clip/"], ("--video-frames is generate.py's, not chat.py's: a video is generate.py's alone: "
+                                   "use generate.py --video-frames DIR")),
+    (["--image-tok", "70"], "unrecognized arguments: --image-tok 70"),
+    (["--no-assist"], "unrecognized arguments: --no-assist"),
+    # generate.py's rule: a model without a chat template (the demo) takes no --system or --think.
+    (["--system", "Be brief."], ("--system has no effect here: the chat template writes it, and scripts/demo/target "
+                                 "has no chat template")),
+    (["--think"], "--think has no effect here: the chat template writes it"),
 ])
 def test_refusals(args: list[str], expected: str, capsys: pytest.CaptureFixture) -> None:
     try:
@@ -228,6 +259,30 @@ def test_refusals(args: list[str], expected: str, capsys: pytest.CaptureFixture)
         status = e.code
     out, err = capsys.readouterr()
     assert_one_line_failure(status, out, err, expected)
+    assert len(err.strip().splitlines()) == 1, err  # the header is held until every check has passed
+
+
+def test_a_system_text_that_is_not_utf8(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    """Refused at the start, naming --system, rather than as every turn's refusal."""
+    status = chat.cli(["--target", str(pair[0]), "--no-assistant", "--system", "Be \udcffrief."],
+                      source=io.StringIO("Hi.\n"))
+    out, err = capsys.readouterr()
+    assert_one_line_failure(status, out, err, "error: --system: the text is not valid UTF-8: character 4 is the byte "
+                                              "0xFF, which is not UTF-8")
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_message_that_is_not_utf8_is_not_sent(pair, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    """`printf '\\xff\\xfe'` as stdin gives Python lone surrogates: the turn is {"error": ...}, the conversation is as
+    before (the next turns are those of the conversation without it)."""
+    flags = model_flags(pair, ["--temperature", "0"])
+    status, out, err = run_chat(capsys, flags, ["\udcff\udcfe", "Hi.", "x \udcc3(", "Again.", "/video clip/"])
+    assert status == 0 and err == "", err
+    _, clean, _ = run_chat(capsys, flags, ["Hi.", "Again."])
+    assert [sorted(r) for r in out] == [["error"], sorted(FIELDS), ["error"], sorted(FIELDS), ["error"]]
+    assert out[0]["error"].startswith("the text is not valid UTF-8: character 1 is the byte 0xFF, which is not UTF-8")
+    assert "character 3 is the byte 0xC3" in out[2]["error"] and out[4]["error"] == chat.NO_VIDEO
+    assert [out[1], out[3]] == [{**r, "stats": o["stats"]} for r, o in zip(clean, [out[1], out[3]])]
 
 
 @pytest.mark.parametrize("case", ["no tokenizer", "no control tokens"])
@@ -255,6 +310,23 @@ def test_a_tokenizer_chat_cannot_use(case: str, pair, tmp_path: Path,  # noqa: A
 
 def env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TERM": "xterm", "NO_COLOR": ""}
+
+
+@pytest.mark.parametrize("json_output", [False, True], ids=["text", "json"])
+def test_bytes_that_are_not_utf8_in_a_pipe(json_output: bool) -> None:
+    """`printf '\\xff\\xfe\\n...' | chat.py`, stdin read strictly (PYTHONIOENCODING, as a locale may): the line is
+    not sent, in one line naming the byte, and the chat goes on to its next message."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--max-new-tokens", "8", *(["--json"] if json_output else [])],
+                          env={**env(), "PYTHONIOENCODING": "utf-8:strict"}, input=b"\xff\xfe\nclass Stack:\n",
+                          capture_output=True, timeout=120)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    why = "the text is not valid UTF-8: character 1 is the byte 0xFF, which is not UTF-8"
+    if json_output:
+        replies = [json.loads(line) for line in out.splitlines()]
+        assert err == "" and replies[0]["error"].startswith(why) and replies[1]["turn"] == 1
+    else:
+        assert f"\nnot sent: {why}" in err and out.strip(), (out, err)  # the next message's reply
 
 
 def test_json_pipe_on_the_demo(capsys: pytest.CaptureFixture) -> None:
@@ -397,3 +469,78 @@ def test_terminal_leaves(second: str, terminal: Callable[[list[str]], Terminal])
         term.send(second)
     assert term.status() == 0
     assert "Traceback" not in term.seen
+
+
+# ---------------------------------------------------------------- attachments and /reset (a tiny image-audio pair)
+
+def write_wav(path: Path, seconds: float) -> Path:
+    """16-bit mono 16 kHz PCM of a saw wave."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(bytes(range(256)) * (int(seconds * 16_000) * 2 // 256))
+    return path
+
+
+@pytest.fixture(scope="module")
+def seeing(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """An E2B-shaped target that sees and hears, with a chat template; an image and two clips."""
+    root = tmp_path_factory.mktemp("seeing")
+    target = write_target(root / "target", "e2b", images=True, audio=True)
+    write_tokenizer(target, media=True)
+    (target / "chat_template.jinja").write_text("{# rendered by gemma4/tokenizer.py #}\n")
+    picture(37, 91, 1).save(root / "tall.png")
+    return {"target": target, "tall": root / "tall.png", "clip": write_wav(root / "clip.wav", 1.0),
+            "long": write_wav(root / "long.wav", 31.0)}
+
+
+def test_reset_drops_what_was_attached_and_says_so(seeing: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    """/reset forgets the conversation and the image and clip attached for the next message, in one line: the next
+    message is sent without them (its prompt holds no boi, and is the fresh conversation's)."""
+    flags = ["--target", str(seeing["target"]), "--no-assistant", "--max-new-tokens", "3", "--temperature", "0"]
+    attach = [f"/image {seeing['tall']}", f"/image {seeing['tall']}", f"/audio {seeing['clip']}"]
+    status = chat.cli(flags, source=io.StringIO("".join(line + "\n" for line in [*attach, "/reset", "/reset"])))
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert ("\n-- the conversation starts over; dropped too: 2 images and 1 clip attached for your next message\n"
+            "\n-- the conversation starts over\n") in err  # the second /reset has nothing to drop
+    status, out, err = run_chat(capsys, flags, [*attach[:1], "/reset", "What is it?"])
+    assert status == 0 and err == "", err
+    _, fresh, _ = run_chat(capsys, flags, ["What is it?"])
+    assert MEDIA_IDS["boi_token_id"] not in out[0]["prompt_ids"] and out[0]["prompt_ids"] == fresh[0]["prompt_ids"]
+
+
+def test_a_clip_note_goes_into_the_json(seeing: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+    """A clip cut to its first 30 s: with --json the note is in the object of the turn that carries it, stderr quiet."""
+    flags = ["--target", str(seeing["target"]), "--no-assistant", "--max-new-tokens", "2", "--temperature", "0"]
+    status, out, err = run_chat(capsys, flags, [f"/audio {seeing['long']}", "What is it?", "And now?"])
+    assert status == 0 and err == "", err
+    note = "long.wav lasts 31.0 s and is cut to its first 30 s, as the release's feature extractor cuts it"
+    assert out[0]["notes"] == [note] and "notes" not in out[1]
+
+
+def test_a_new_users_mistakes_in_a_terminal(seeing: dict[str, Path], terminal: Callable[[list[str]], Terminal]) -> None:
+    """As a person types: bytes that are not UTF-8, /video, an image then /reset, a message, Ctrl-C at the prompt:
+    each one line, and the session goes on to /exit."""
+    term = terminal(["--target", str(seeing["target"]), "--no-assistant", "--max-new-tokens", "4", "--system", "Hi."])
+    term.until("\n>>> ")
+    os.write(term.fd, b"ab\xff\xfe\r")  # what a terminal in another encoding (Latin-1) sends for "ab\xff\xfe"
+    assert "not sent: the text is not valid UTF-8: character 3 is the byte 0xFF" in term.until("\n>>> ")
+    term.send("/video clip/\r")
+    assert f"not attached: {chat.NO_VIDEO}" in term.until("\n>>> ")
+    term.send(f"/image {seeing['tall']}\r")
+    assert "1 image goes with your next message" in term.until("\n>>> ")
+    term.send("/reset\r")
+    assert "-- the conversation starts over; dropped too: 1 image attached for your next message" in term.until(
+        "\n>>> ")
+    term.send("What is it?\r")
+    term.until("\n>>> ")
+    term.send("/stats\r")
+    stats = term.until("\n>>> ")
+    assert "-- turn 1: the prompt has" in stats and "finished by" in stats  # the message was a turn, without image
+    ctrl_c_at_the_prompt(term)
+    assert "(Ctrl-C again, Ctrl-D or /exit leaves)" in term.until("\n>>> ")
+    term.send("/exit\r")
+    assert term.status() == 0
+    assert "Traceback" not in term.seen and "error" not in term.seen

@@ -309,7 +309,9 @@ def test_chat_json_clips(files: dict[str, Path], capsys: pytest.CaptureFixture) 
     assert "is not 16-bit PCM WAV" in replies[1]["error"] and str(files["notwav"]) in replies[1]["error"]
     assert "/audio needs a path" in replies[2]["error"]
     assert "gone.wav: no such file" in replies[3]["error"]
-    assert "long.wav lasts 31.0 s and is cut to its first 30 s" in err  # a note, --json or not
+    # --json keeps stderr quiet: the note is in the turn's object.
+    assert err == "" and replies[4]["notes"] == ["long.wav lasts 31.0 s and is cut to its first 30 s, as the "
+                                                 "release's feature extractor cuts it"]
     second = replies[4]
     assert second["prompt_ids"].count(SOFT) == soft_tokens(files["e2b"], files["a"]) + 750
     assert second["reused"] >= len(replies[0]["prompt_ids"])  # the first turn's clip stays in the cache

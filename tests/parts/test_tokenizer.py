@@ -1,11 +1,13 @@
 """The chat template by ids (one user turn, and conversations), typed control strings, exactly one
-BOS, and the stop ids. Expected ids are the tokenizer's own parse of the template's text."""
+BOS, text that is not UTF-8 (one clear ValueError, not `tokenizers`' TypeError), and the stop ids. Expected ids are
+the tokenizer's own parse of the template's text."""
 
 import json
 from pathlib import Path
 
 import pytest
 
+from gemma4.rows import PromptError
 from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, Message, stop_ids, strip_thought
 from tests.tokenizer_fixture import SPECIALS, write_tokenizer
 
@@ -68,8 +70,38 @@ def test_exactly_one_bos(tmp_path: Path) -> None:
     assert tok.decode(chat, skip_special_tokens=True).strip().startswith("user")
 
 
+BAD = "ok \udcff\udcfe"  # `printf 'ok \xff\xfe'` as argv or stdin reach Python (surrogateescape)
+
+
+@pytest.mark.parametrize("call", ["encode", "encode_text", "encode_raw", "encode_chat", "render", "render system"])
+def test_text_that_is_not_utf8_is_one_clear_value_error(tok: Gemma4Tokenizer, call: str) -> None:
+    """Bytes that did not decode are lone surrogates, which `tokenizers` refuses with a TypeError; every way text goes
+    in refuses them as a PromptError (a ValueError the scripts print as one line) naming the byte, where it is in
+    the text as given, and the fix."""
+    run = {"encode": lambda: tok.encode(BAD), "encode_text": lambda: tok.encode_text(BAD),
+           "encode_raw": lambda: tok.encode_raw(BAD), "encode_chat": lambda: tok.encode_chat(BAD),
+           "render": lambda: tok.render([Message("user", "fine"), Message("model", "sure"), Message("user", BAD)]),
+           "render system": lambda: tok.render([Message("user", "fine")], system=BAD)}[call]
+    with pytest.raises(PromptError) as caught:
+        run()
+    message = str(caught.value)
+    assert isinstance(caught.value, ValueError) and "\n" not in message
+    assert message.startswith("the text is not valid UTF-8: character 4 is the byte 0xFF, which is not UTF-8 (Python "
+                              "holds it as the lone surrogate U+DCFF)"), message  # 4: in the text, not in a run
+    assert message.endswith("give the text in UTF-8 (convert it first, e.g. iconv -f LATIN1 -t UTF-8)")
+
+
+def test_a_lone_surrogate_of_another_kind_and_text_that_is_fine(tok: Gemma4Tokenizer) -> None:
+    with pytest.raises(PromptError, match=r"not valid UTF-8: character 2 is the lone surrogate U\+D83D: give"):
+        tok.encode_chat("a\ud83d")  # half of an emoji's UTF-16 pair (JSON's "\ud83d")
+    fine = "café 😀 \u00ff"  # characters outside the fixture's vocabulary: byte tokens, no error
+    assert tok.decode(tok.encode_text(fine)) == fine
+    assert tok.decode(tok.encode_chat(fine), skip_special_tokens=True) == f"user\n{fine}\nmodel\n"
+
+
 def test_stop_ids(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": {"eos_token_id": [1, 106]}}))
+    config = {"model_type": "gemma4", "text_config": {"eos_token_id": [1, 106]}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     assert stop_ids(tmp_path) == [1, 106]  # config.json's, when there is no generation_config.json
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106, 50]}))
     assert stop_ids(tmp_path) == [1, 106, 50]  # the IT releases' generation_config.json wins
