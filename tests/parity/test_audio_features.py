@@ -27,7 +27,7 @@ from transformers.models.gemma4_unified.processing_gemma4_unified import Gemma4U
 
 from gemma4.audio.features import (AudioFeatureSettings, feature_settings, frames, log_mel, mel_filterbank,
                                    soft_tokens)
-from gemma4.audio.wav import SAMPLE_RATE, AudioError, read_wav
+from gemma4.audio.wav import PASSBAND, SAMPLE_RATE, AudioError, read_wav
 from gemma4.config import ConfigError
 from tests.tolerance import assert_fp32_parity
 
@@ -255,31 +255,29 @@ def test_read_wav_refusals(tmp_path: Path) -> None:
         read_wav(tmp_path / "missing.wav")
 
 
-# (file rate, tone Hz): downsampling from the common rates, and upsampling from 8 kHz.
-RESAMPLED = [(44_100, 1000.0), (44_100, 3000.0), (48_000, 1000.0), (22_050, 440.0), (8_000, 440.0)]
+# File rates: upsampling from 8 and 11.127 kHz; downsampling from the common 44.1 and 48 kHz and
+# from odd rates whose reduced ratio is large (16,001:16,000 and 11,127:8,000). Tones: shares of the
+# lower Nyquist frequency across the band wav.py states, up to its edge PASSBAND (0.9).
+RESAMPLED = [8_000, 11_127, 16_001, 22_254, 44_100, 48_000]
+SHARES = (0.02, 0.25, 0.5, 0.7, 0.8, 0.85, PASSBAND)
 
 
-@pytest.mark.parametrize("rate,hz", RESAMPLED)
-def test_read_wav_resamples_to_16k(tmp_path: Path, rate: int, hz: float) -> None:
-    # A 16-bit tone at `rate` must come back as the same tone sampled at 16 kHz. Error sources: 16-bit rounding
-    # (1.5e-5) and the filter's passband deviation, a property of the kernel and not of the CPU: measured at most
-    # 2.7e-4 with an amplitude of 0.5 on these tones; the bound 1e-3 * amplitude = 5e-4 is 1.9x that. Linear
-    # interpolation misses it (2.3% of the amplitude at 3 kHz, measured with np.interp). Ends skipped: 4 ms, far
-    # beyond the kernel's reach (17 input samples).
-    amplitude, length = 0.5, rate // 2
-    values = (tone(length, hz, amplitude, rate).double() * 32768).round().long()
-    got = read_wav(write_wav(tmp_path / "tone.wav", int_bytes(values, 2), 1, 2, rate))
-    assert len(got) == math.ceil(length * SAMPLE_RATE / rate)
-    expected = tone(len(got), hz, amplitude).double()
-    inner = slice(64, len(got) - 64)
-    assert (got.double() - expected)[inner].abs().max() < 1e-3 * amplitude
-
-
-def test_resampling_removes_what_lies_above_8khz(tmp_path: Path) -> None:
-    # A 12 kHz tone cannot be represented at 16 kHz; without the low-pass it would fold back to 4 kHz at full
-    # amplitude (linear interpolation leaves 99%). Measured: 1.8e-3 of the amplitude is left (the Hann-windowed
-    # sinc's stopband); bound 1e-2.
-    rate, amplitude = 44_100, 0.5
-    values = (tone(rate // 2, 12_000.0, amplitude, rate).double() * 32768).round().long()
-    got = read_wav(write_wav(tmp_path / "high.wav", int_bytes(values, 2), 1, 2, rate))
-    assert got[64:-64].abs().max() < 1e-2 * amplitude
+@pytest.mark.parametrize("rate", RESAMPLED)
+def test_read_wav_resamples_to_16k(tmp_path: Path, rate: int) -> None:
+    # A 16-bit tone at `rate` must come back as the exact tone sampled at 16 kHz, within the 1e-3 of
+    # its amplitude that wav.py states up to PASSBAND of the lower Nyquist frequency. Error sources:
+    # 16-bit rounding (3e-5 of the amplitude 0.5) and the filter's passband deviation, a property of
+    # the kernel and not of the CPU: measured at most 1.4e-4 of the amplitude here (at the band's
+    # edge, from 8 and 11.127 kHz), 7x below the bound. The old kernel (Hann, 6 zero crossings) lost
+    # 1.5% at 3 kHz from 8 kHz; linear interpolation 2.3% at 3 kHz from 44.1 kHz. Ends skipped: 64
+    # samples, beyond the kernel's reach (at most 56 output samples: 28 inputs a side from 8 kHz).
+    amplitude, length = 0.5, rate // 4
+    nyquist = min(rate, SAMPLE_RATE) / 2
+    for share in SHARES:
+        hz = share * nyquist
+        values = (tone(length, hz, amplitude, rate).double() * 32768).round().long()
+        got = read_wav(write_wav(tmp_path / "tone.wav", int_bytes(values, 2), 1, 2, rate))
+        assert len(got) == math.ceil(length * SAMPLE_RATE / rate)
+        expected = tone(len(got), hz, amplitude).double()
+        error = (got.double() - expected)[64:-64].abs().max().item() / amplitude
+        assert error < 1e-3, f"{hz:.0f} Hz from {rate} Hz: {error:.1e} of the amplitude"
