@@ -1,14 +1,18 @@
 """Speed and memory, measured side by side with `transformers` and against the hardware, in one run.
 
-    python scripts/benchmark.py                          # every section: 8-20 minutes on 2 cores
+    python scripts/benchmark.py                          # every section: 8-20 minutes on 2 cores, ≈ 23 GB written
     python scripts/benchmark.py --only demo --tokens 64  # one section; --json prints one object instead
+
+Disk: a run of every section (no `--only`) writes about 23 GB of random checkpoints once, under `--e2b-dir` (the
+temp directory's gemma4-mtp-benchmark), and reuses them in later runs; the run says how much it is about to write
+before it writes. `--only demo` writes nothing.
 
 Sections (`--only a,b`):
 - `demo`: the demo pair (or `--target/--assistant`). Our plain and speculative greedy decoding, our plain
-  decoding of the pair loaded with `fast=False` (the textbook modules), and `transformers`' plain and assisted `generate` with the
-  same assistant: tokens/s, the ratios, whether all produced the same tokens, acceptance rates; ATen calls
-  of a decode step and of a draft step; the loaders' kernel
-  decisions, one per (shape, dtype), each with its reason.
+  decoding of the pair loaded with `fast=False` (the textbook modules), and `transformers`' plain and assisted
+  `generate` with the same assistant: tokens/s, the ratios, whether all produced the same tokens, acceptance
+  rates; ATen calls of a decode step and of a draft step; the loaders' kernel decisions, one per (shape, dtype),
+  each with its reason.
 - `bench`: the same on a random mid-size pair (16 layers of width 512, MLP 2048), written once under
   `--e2b-dir`: weights of about a million elements, around the size where the loaders' rule starts packing.
 - `e2b`: the same on a random pair at the real E2B dimensions (the vocabulary cut to 32768 so that
@@ -30,13 +34,15 @@ Sections (`--only a,b`):
   float32 (every weight cast), and the float32 one as float32.
 - `batch`, `experts` (scripts/bench/batch.py): the demo pair decoding B = 1, 2, 4, 8 prompts as one
   batch against the same prompts one after another; unique MoE experts per forward against uniform routing.
-- `sampling` (scripts/bench/sampling.py): one sampled row at V = 4,096 and 262,144, the fast sampler and the textbook one, and
-  E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`: rows only).
-- `schedule` (scripts/bench/schedule.py): the demo pair and a never-right drafter, plain, `auto`, constant K = 1..8
-  and `heuristic`; `auto` against the best constant and against plain (those two run back to back at both ends
-  of every repetition).
+- `sampling` (scripts/bench/sampling.py): one sampled row at V = 4,096 and 262,144, the fast sampler and the
+  textbook one, and E2B-dimension bfloat16 decoding sampled against greedy (`--sampling-vocab`; `--e2b-tokens 0`:
+  rows only).
+- `schedule` (scripts/bench/schedule.py): the demo pair and a never-right drafter, plain, `auto`, constant
+  K = 1..8 and `heuristic`; `auto` against the best constant and against plain (those two run back to back at
+  both ends of every repetition).
 - `device` (scripts/bench/device.py), only when named: an accelerator checked end to end on random E2B,
-  31B-layer, 26B-A4B-layer and 12B-layer pairs (`--device cuda`; `--device-small` shrinks it for a CPU). Not part of the default run.
+  31B-layer, 26B-A4B-layer and 12B-layer pairs (`--device cuda`; `--device-small` shrinks it for a CPU). Not
+  part of the default run.
 - `context` (scripts/bench/context.py), only when named: K/V cache bytes of the released models at 8k-262k
   positions, every position kept against the sliding layers' rings; peak RSS of a prefill on random E2B- and
   31B-geometry targets, chunked against one forward; decode and speculative tokens/s after 1k-16k prompts
@@ -52,6 +58,16 @@ method once, the order reversed on every other repetition, after one untimed war
 from the median time, and a ratio is the median of the per-repetition ratios (neighbours in time).
 transformers runs as `scripts/bench/transformers_baseline.py` calls it; without it, its columns say why.
 
+Threads: each section runs on the torch threads that the one thread rule of scripts/cli/threads.py gives the
+model it measures, every method of it alike (ours and transformers'); `--threads N` sets every section's. The
+table and the JSON (`threads`) say which count each section ran with.
+
+Progress, on stderr: a line as each section starts; on a terminal (and not under --json) bars of its timed runs
+and of the bytes of each checkpoint written (scripts/bench/show.py). stdout holds the table, or the JSON alone.
+
+Goals: the project's targets for some figures (scripts/benchmark.md, Goals) come last in the table, for
+developers, each figure beside its target; whether each is met is in the JSON's `goals` only.
+
 `--device cuda`: the models load there and every time is read from CUDA events (scripts/bench/timing.py).
 What cannot run there says so under "skipped": transformers (its baseline runs on the CPU), `memory` (the
 host's resident memory; `device` measures CUDA memory) and oneDNN's packed products (CPU only).
@@ -62,8 +78,8 @@ import functools
 import json
 import os
 import platform
+import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -72,23 +88,27 @@ from typing import Any
 
 import torch
 
+from bench import audio, context
 from bench.audio import audio_section, audio_table
-from bench.batch import DEMO_PROMPTS, batch_goal, batch_section, batch_table, experts_section
+from bench.batch import DEMO_PROMPTS, MOE_HIDDEN, batch_goal, batch_section, batch_table, experts_section
 from bench.context import context_goals, context_section, context_table
 from bench.costs import MAX_K, bandwidth_section, cost_section  # noqa: F401 (MAX_K: the tests read it here)
-from bench.device import DEVICE_DIR, device_section, device_table
+from bench.device import DEVICE_DIR, device_section, device_table, small_e2b_configs
 from bench.memory import memory_section
-from bench.schedule import schedule_goals, schedule_lines, schedule_section
-from bench.random_pair import bench_configs, e2b_configs, random_prompt, text_prompt, write_pair
-from bench.report import goals, table
+from bench.random_pair import (bench_configs, e2b_configs, is_written, pair_bytes, random_prompt, text_prompt,
+                               write_pair)
+from bench.report import goals, goals_table, table
 from bench.sampling import sampling_goals, sampling_section, sampling_table
+from bench.schedule import schedule_goals, schedule_lines, schedule_section
+from bench.show import NOW, say
 from bench.syncs import per_step
-from bench.timing import HOST, Clock, aten_calls, draft_step_calls, interleaved, median_ratio, our_decode_step
+from bench.timing import (HOST, TORCH_THREADS, Clock, aten_calls, draft_step_calls, interleaved, median_ratio,
+                          our_decode_step, section_threads)
 from bench.transformers_baseline import load_transformers, tf_decode_step, tf_generate
-from gemma4 import greedy_generate, load_target
+from gemma4 import greedy_generate, load_config, load_target
 from gemma4.config_file import read_json
-from gemma4.model import Gemma4Model
 from gemma4.fast import kernels_of
+from gemma4.model import Gemma4Model
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate
 
 SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling", "schedule")
@@ -100,8 +120,51 @@ FULL_VOCAB = 262144  # the bf16 section's: in bfloat16 the real vocabulary fits
 ON_CPU_ONLY = "runs on the CPU only"
 
 
-def say(*parts: object) -> None:
-    print(*parts, file=sys.stderr, flush=True)
+def sampling_root(e2b_dir: Path, vocab: int) -> Path:
+    return e2b_dir / ("bfloat16-full" if vocab == FULL_VOCAB else f"bfloat16-v{vocab}")
+
+
+Plan = dict[Path, tuple[tuple[dict[str, Any], dict[str, Any]], torch.dtype]]
+
+
+def checkpoints(sections: list[str] | tuple[str, ...], e2b_dir: Path, sampling_vocab: int = FULL_VOCAB,
+                e2b_tokens: int = 1, context_small: bool = False) -> Plan:
+    """The random pairs these sections write under --e2b-dir (each once: a later run reuses it): root -> (configs,
+    dtype). The device section writes its own under --device-dir and says so; the schedule section's drafter is
+    a copy of the demo's, small."""
+    pairs: Plan = {}
+    if "bench" in sections:
+        pairs[e2b_dir / "bench"] = bench_configs(), torch.float32
+    if {"e2b", "costs", "bandwidth", "memory"} & set(sections):
+        pairs[e2b_dir / "float32"] = e2b_configs(E2B_VOCAB), torch.float32
+    if "memory" in sections:
+        pairs[e2b_dir / "bfloat16"] = e2b_configs(E2B_VOCAB), torch.bfloat16
+    if "bf16" in sections:
+        pairs[e2b_dir / "bfloat16-full"] = e2b_configs(FULL_VOCAB), torch.bfloat16
+    if "sampling" in sections and e2b_tokens:
+        pairs[sampling_root(e2b_dir, sampling_vocab)] = e2b_configs(sampling_vocab), torch.bfloat16
+    if "context" in sections:
+        for name in context.SMALL_SIZES["prompts"]:
+            root = e2b_dir / ("context-small" if context_small else "context") / name
+            pairs[root] = context.geometry(name, context_small), torch.bfloat16
+    return pairs
+
+
+def plan_bytes(plan: Plan) -> int:
+    return sum(pair_bytes(*configs, dtype) for configs, dtype in plan.values())
+
+
+def disk_note(plan: Plan, e2b_dir: Path) -> str | None:
+    """What the run is about to write, said before it writes: None when every pair is there already."""
+    missing = {root: pair for root, pair in plan.items() if not is_written(root, *pair[0], pair[1])}
+    if not missing:
+        return None
+    free = shutil.disk_usage(next(p for p in (e2b_dir, *e2b_dir.parents) if p.exists())).free
+    size = plan_bytes(missing)
+    return (f"disk: this run writes {size / 1e9:.1f} GB of random checkpoints under {e2b_dir} "
+            f"({', '.join(root.relative_to(e2b_dir).as_posix() for root in missing)}; {free / 1e9:.0f} GB free "
+            f"there), once: later runs reuse them. --e2b-dir puts them elsewhere"
+            + (", --only leaves sections out: there is not room for them there." if size > free else "."))
 
 
 # ---------------------------------------------------------------- sections
@@ -129,8 +192,15 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
     """Our plain and speculative decoding against transformers' plain and assisted generate; with
     `against_unpacked`, our plain decoding of the pair loaded with `fast=False` too; with `count_reads`, the
     host reads per plain step and per speculative round (scripts/bench/syncs.py)."""
+    theirs = use_transformers and device == "cpu"
+    say(f"{NOW.section}: loading the pair{', and as transformers loads it' if theirs else ''}")
     target, drafter, load_s = loaded(target_dir, assistant_dir, device=device)
     acceptance: dict[str, float] = {}
+    threads: set[int] = set()  # what torch uses in each timed run: every method alike
+
+    def seen(run: Callable[[int], list[int]], n: int) -> list[int]:
+        threads.add(torch.get_num_threads())
+        return run(n)
 
     def ours_spec(n: int) -> list[int]:
         result = speculative_generate(target, drafter, prompt, n, DraftLength(k))
@@ -153,9 +223,11 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
             return out
 
         runs |= {"tf_plain": lambda n: tf_generate(tf_target, None, prompt, n, k)[0], "tf_assisted": tf_assisted}
-    seconds, outputs = interleaved({name: (lambda r=r: r(tokens)) for name, r in runs.items()}, reps,
+    say(f"{NOW.section}: timing {', '.join(runs)}: {reps} reps of {tokens} tokens")
+    seconds, outputs = interleaved({name: (lambda r=r: seen(r, tokens)) for name, r in runs.items()}, reps,
                                    warm_up={name: (lambda r=r: r(warm_tokens)) for name, r in runs.items()},
                                    clock=clock)
+    say(f"{NOW.section}: counting ATen calls{' and host reads' if count_reads else ''} of a step")
     methods = {name: {"tokens_per_s": tokens / statistics.median(s), "seconds": s,
                       "acceptance_rate": acceptance.get(name)} for name, s in seconds.items()}
     pairs = [("ours_plain", "tf_plain"), ("ours_spec", "tf_assisted"), ("ours_spec", "ours_plain"),
@@ -170,6 +242,7 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
     return {
         "target": str(target_dir), "assistant": str(assistant_dir), "prompt_tokens": len(prompt),
         "new_tokens": tokens, "reps": reps, "k": k, "transformers": tf if isinstance(tf, str) else tf[2],
+        "threads": threads.pop() if len(threads) == 1 else sorted(threads),
         "methods": methods, "ratios": ratios, "identical": len(set(every)) == 1, "aten_calls_per_decode_step": calls,
         "packing": packing_report(target, drafter, load_s, unpacked_load_s),
     } | ({"host_reads": per_step(target, drafter, prompt, tokens, k, device)["host_reads"]} if count_reads else {}
@@ -179,22 +252,58 @@ def pair_section(target_dir: Path, assistant_dir: Path, prompt: list[int], token
 # ---------------------------------------------------------------- command line
 
 def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int, reps: int,
-         e2b_reps: int, k: int | None, e2b_dir: Path, threads: int, copy_mib: int, use_transformers: bool,
-         sampling_vocab: int = FULL_VOCAB, device: str = "cpu", device_dir: Path = DEVICE_DIR,
+         e2b_reps: int, k: int | None, e2b_dir: Path, threads: int | None = None, copy_mib: int,
+         use_transformers: bool, sampling_vocab: int = FULL_VOCAB, device: str = "cpu", device_dir: Path = DEVICE_DIR,
          device_small: bool = False, device_compile: bool = False, context_small: bool = False,
          context_before_max: int | None = None, out_dir: Path | None = None, audio_seconds: float = 30.0,
-         audio_reps: int = 3, audio_small: bool = False) -> dict:
-    torch.set_num_threads(threads)
-    result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {threads} torch threads, "
-                                         f"torch {torch.__version__}, float32 unless stated"}
+         audio_reps: int = 3, audio_small: bool = False, quiet: bool = False) -> dict:
+    """The run's result object (what --json prints). `threads`: --threads, else each section's by the one thread
+    rule (bench/timing.py `section_threads`); `quiet`: no progress bars (--json). torch's thread count is given
+    back as it was."""
+    before, was_quiet = torch.get_num_threads(), NOW.quiet
+    NOW.quiet = quiet
+    try:
+        return run_sections(
+            sections, target_dir, assistant_dir, tokens, e2b_tokens, reps, e2b_reps, k, e2b_dir, threads, copy_mib,
+            use_transformers, sampling_vocab, device, device_dir, device_small, device_compile, context_small,
+            context_before_max, out_dir, audio_seconds, audio_reps, audio_small)
+    finally:
+        torch.set_num_threads(before)
+        NOW.section, NOW.quiet = "", was_quiet
+
+
+def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tokens: int, e2b_tokens: int,
+                 reps: int, e2b_reps: int, k: int | None, e2b_dir: Path, asked: int | None, copy_mib: int,
+                 use_transformers: bool, sampling_vocab: int, device: str, device_dir: Path, device_small: bool,
+                 device_compile: bool, context_small: bool, context_before_max: int | None, out_dir: Path | None,
+                 audio_seconds: float, audio_reps: int, audio_small: bool) -> dict:
+    result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch's default "
+                                         f"{TORCH_THREADS} threads, torch {torch.__version__}, float32 unless stated"}
+    ran: dict[str, int] = {}  # section -> the torch threads it ran with
+    result["threads"] = ran
+
+    def begin(section: str, hidden_size: int, line: str) -> int:
+        """A section starts: its threads set by the rule for its model's hidden size (or --threads), a line said,
+        its bars named after it."""
+        NOW.section = section
+        ran[section] = section_threads(hidden_size, asked)
+        say(f"{section}: {line} ({ran[section]} torch thread{'s' if ran[section] != 1 else ''})")
+        return ran[section]
+
     clock = Clock(device)
     if clock.cuda:
         result["machine"] += f"; models on {device}: {torch.cuda.get_device_name(clock.device)}, CUDA-event timing"
     timed = functools.partial(interleaved, clock=clock)  # the sections that take `interleaved` time on this clock
     skipped: dict[str, str] = {}
+    note = disk_note(checkpoints(sections, e2b_dir, sampling_vocab, e2b_tokens, context_small), e2b_dir)
+    if note:
+        say(note)
+    demo = (target_dir / "config.json").is_file()
+    demo_hidden = load_config(target_dir).hidden_size if demo else 0
+    e2b_hidden = e2b_configs(E2B_VOCAB)[0]["hidden_size"]
     if "demo" in sections:
-        if (target_dir / "config.json").is_file():
-            say(f"demo: {target_dir}")
+        if demo:
+            begin("demo", demo_hidden, f"{target_dir} + {assistant_dir}")
             prompt = text_prompt(target_dir, DEMO_PROMPT, 24)
             result["demo"], *_ = pair_section(target_dir, assistant_dir, prompt, tokens, reps,
                                               k or assistant_k(assistant_dir), use_transformers, warm_tokens=tokens,
@@ -202,15 +311,17 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
         else:
             say(f"demo: skipped, {target_dir} has no checkpoint (train it, or pass --target/--assistant)")
     if "bench" in sections:
-        say(f"bench: writing or reusing the random mid-size pair under {e2b_dir / 'bench'}")
-        t_dir, a_dir = write_pair(e2b_dir / "bench", *bench_configs(), torch.float32)
+        configs = bench_configs()
+        begin("bench", configs[0]["hidden_size"], f"the random mid-size pair under {e2b_dir / 'bench'}")
+        t_dir, a_dir = write_pair(e2b_dir / "bench", *configs, torch.float32)
         result["bench"], *_ = pair_section(t_dir, a_dir, random_prompt(t_dir, 24), tokens, reps,
                                            k or assistant_k(a_dir), use_transformers, warm_tokens=4,
                                            against_unpacked=True, device=device, clock=clock)
         result["bench"]["note"] = "random weights, 16 layers of width 512, MLP 2048, vocabulary 16384"
     e2b_target = e2b_drafter = None
-    if {"e2b", "costs", "bandwidth"} & set(sections):
-        say(f"e2b: writing or reusing the random E2B-dimension pair under {e2b_dir / 'float32'}")
+    e2b_sections = [s for s in ("e2b", "costs", "bandwidth") if s in sections]
+    if e2b_sections:
+        begin(e2b_sections[0], e2b_hidden, f"the random E2B-dimension pair under {e2b_dir / 'float32'}")
         t_dir, a_dir = write_pair(e2b_dir / "float32", *e2b_configs(E2B_VOCAB), torch.float32)
         prompt = random_prompt(t_dir, 16)
         if "e2b" in sections:
@@ -219,19 +330,23 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
                 against_unpacked=False, device=device, clock=clock)  # a second float32 E2B (≈ 9 GB) would not fit
             result["e2b"]["note"] = f"random weights, vocabulary cut from 262144 to {E2B_VOCAB}"
         else:
-            e2b_target, e2b_drafter = load_target(t_dir, device=device, fast=True), load_drafter(a_dir, device=device, fast=True)
+            say(f"{e2b_sections[0]}: loading the pair")
+            e2b_target = load_target(t_dir, device=device, fast=True)
+            e2b_drafter = load_drafter(a_dir, device=device, fast=True)
         if "costs" in sections:
-            say("costs: decode, verify and draft at E2B dimensions")
+            begin("costs", e2b_hidden, "decode, verify and draft at E2B dimensions")
             result["costs"] = cost_section(e2b_target, e2b_drafter, prompt, e2b_reps, clock)
         if "bandwidth" in sections:
-            say("bandwidth: decode steps and tensor copies in turns")
+            begin("bandwidth", e2b_hidden, "decode steps and tensor copies in turns")
             methods = result.get("e2b", {}).get("methods", {})
             plain = {name: methods.get(name, {}).get("tokens_per_s") for name in ("ours_plain", "tf_plain")}
             result["bandwidth"] = bandwidth_section(e2b_target, prompt, reps, copy_mib, plain, clock)  # a step: ≈ 0.4 s
         del e2b_target, e2b_drafter
     if "bf16" in sections:
-        say(f"bf16: writing or reusing the full-vocabulary bfloat16 pair under {e2b_dir / 'bfloat16-full'}")
-        t_dir, a_dir = write_pair(e2b_dir / "bfloat16-full", *e2b_configs(FULL_VOCAB), torch.bfloat16)
+        configs = e2b_configs(FULL_VOCAB)
+        begin("bf16", configs[0]["hidden_size"], f"the full-vocabulary bfloat16 pair under {e2b_dir / 'bfloat16-full'}")
+        t_dir, a_dir = write_pair(e2b_dir / "bfloat16-full", *configs, torch.bfloat16)
+        say("bf16: loading the pair")
         target = load_target(t_dir, dtype=torch.bfloat16, device=device, fast=True)
         drafter = load_drafter(a_dir, dtype=torch.bfloat16, device=device, fast=True)
         prompt = random_prompt(t_dir, 16)
@@ -241,49 +356,67 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
     if "memory" in sections and clock.cuda:
         skipped["memory"] = f"the host's resident memory of a CPU load: {ON_CPU_ONLY} (`device` measures CUDA memory)"
     elif "memory" in sections:
-        say(f"memory: writing or reusing the E2B-dimension checkpoints under {e2b_dir}")
+        n = begin("memory", e2b_hidden, f"the E2B-dimension checkpoints under {e2b_dir}, loaded in fresh processes")
         t_dir, _ = write_pair(e2b_dir / "bfloat16", *e2b_configs(E2B_VOCAB), torch.bfloat16)
-        result["memory"] = memory_section(t_dir, "bfloat16")  # the target: loaded as stored
-        result["memory_float32"] = memory_section(t_dir, "float32")  # every weight cast, then packed
-        t_dir, _ = write_pair(e2b_dir / "float32", *e2b_configs(E2B_VOCAB), torch.float32)
-        result["memory_float32_file"] = memory_section(t_dir, "float32")  # views, then packed
-    if "batch" in sections and (target_dir / "config.json").is_file():  # scripts/bench/batch.py
-        say("batch: B = 1, 2, 4, 8 prompts as one batch and one after another")
+        f32_dir, _ = write_pair(e2b_dir / "float32", *e2b_configs(E2B_VOCAB), torch.float32)
+        loads = (("memory", t_dir, "bfloat16"),  # the target: loaded as stored
+                 ("memory_float32", t_dir, "float32"),  # every weight cast, then packed
+                 ("memory_float32_file", f32_dir, "float32"))  # views, then packed
+        for key, model_dir, dtype in loads:
+            say(f"memory: load_target({model_dir.parent.name}, dtype={dtype}) in a fresh process")
+            result[key] = memory_section(model_dir, dtype, n)
+    if "batch" in sections and demo:  # scripts/bench/batch.py
+        begin("batch", demo_hidden, "B = 1, 2, 4, 8 prompts as one batch and one after another")
         prompts = [text_prompt(target_dir, p, 8 + 3 * i) for i, p in enumerate(DEMO_PROMPTS)]
-        result["batch"] = batch_section(load_target(target_dir, device=device, fast=True), load_drafter(assistant_dir, device=device, fast=True),
+        result["batch"] = batch_section(load_target(target_dir, device=device, fast=True),
+                                        load_drafter(assistant_dir, device=device, fast=True),
                                         prompts, tokens, min(reps, 3), k or assistant_k(assistant_dir), timed)
     if "experts" in sections:
-        say("experts: unique experts per MoE layer, decode, verify and batches")
+        begin("experts", MOE_HIDDEN, "unique experts per MoE layer, decode, verify and batches")
         result["experts"] = experts_section()  # counts, times nothing: on the CPU whatever --device
     if "sampling" in sections:  # scripts/bench/sampling.py
-        say(f"sampling: sampled rows, and E2B-dimension bfloat16 decoding at V = {sampling_vocab}")
-        pair_root = e2b_dir / ("bfloat16-full" if sampling_vocab == FULL_VOCAB else f"bfloat16-v{sampling_vocab}")
-        result["sampling"] = sampling_section(pair_root, e2b_configs(sampling_vocab), e2b_tokens, e2b_reps, reps,
-                                              timed, device)
+        configs = e2b_configs(sampling_vocab)
+        begin("sampling", configs[0]["hidden_size"],
+              f"sampled rows, and E2B-dimension bfloat16 decoding at V = {sampling_vocab}")
+        result["sampling"] = sampling_section(sampling_root(e2b_dir, sampling_vocab), configs, e2b_tokens, e2b_reps,
+                                              reps, timed, device)
     if "device" in sections:  # scripts/bench/device.py
-        say(f"device: end-to-end checks on {device}{' (small)' if device_small else ''}")
+        configs = small_e2b_configs(512) if device_small else e2b_configs(FULL_VOCAB)
+        begin("device", configs[0]["hidden_size"], f"end-to-end checks on {device}{' (small)' if device_small else ''}")
         result["device"] = device_section(device, device_dir, device_small, tokens, reps,
-                                          4 if device_small else copy_mib, device_compile, say, out_dir)
-    if "context" in sections:  # scripts/bench/context.py
+                                          4 if device_small else copy_mib, device_compile, say, out_dir, asked)
+    if "context" in sections:  # scripts/bench/context.py: a prefill geometry's threads, then the demo pair's
+        NOW.section = "context"
         say(f"context: cache bytes, prefill peaks and decode speed{' (small)' if context_small else ''}")
         result["context"] = context_section(e2b_dir, target_dir, assistant_dir, k or assistant_k(assistant_dir),
-                                            context_small, context_before_max, threads, timed, say)
+                                            context_small, context_before_max, asked, timed, say)
+        ran |= {f"context {part}": n for part, n in result["context"]["threads"].items()}
     if "audio" in sections:  # scripts/bench/audio.py
-        result["audio"] = audio_section(audio_seconds, audio_reps, audio_small, threads, clock, say)
+        n = begin("audio", audio.geometry(audio_small).hidden_size,
+                  f"the {'small' if audio_small else 'E2B'} audio tower")
+        result["audio"] = audio_section(audio_seconds, audio_reps, audio_small, n, clock, say)
         if clock.cuda:
             skipped["audio memory"] = f"the host's resident memory of an encode: {ON_CPU_ONLY}"
     if clock.cuda and {"demo", "bench", "e2b", "bandwidth", "bf16"} & set(sections):
         skipped["packed products"] = f"oneDNN's packed weights: {ON_CPU_ONLY}"
     if skipped:
         result["skipped"] = skipped
-    if "schedule" in sections and (target_dir / "config.json").is_file():  # scripts/bench/schedule.py
-        say("schedule: plain, constant K = 1..8, heuristic and auto, on the demo pair and a random drafter")
+    if "schedule" in sections and demo:  # scripts/bench/schedule.py
+        begin("schedule", demo_hidden, "plain, constant K = 1..8, heuristic and auto, on the demo pair and a random "
+              "drafter")
         result["schedule"] = schedule_section(target_dir, assistant_dir, e2b_dir / "random_assistant",
                                               text_prompt(target_dir, DEMO_PROMPT, 24), tokens, max(reps, 3),
                                               k or assistant_k(assistant_dir), interleaved)
     result["goals"] = (goals(result) + batch_goal(result) + sampling_goals(result) + schedule_goals(result)
                        + context_goals(result))
     return result
+
+
+def printed(result: dict[str, Any]) -> str:
+    """The table of a run's result: every section's block, the developers' goals block last."""
+    blocks = (table(result), batch_table(result), sampling_table(result), device_table(result), context_table(result),
+              "\n".join(schedule_lines(result.get("schedule"))), audio_table(result), goals_table(result))
+    return "\n".join(block for block in blocks if block)  # each block after the first opens with its blank line
 
 
 def assistant_k(assistant_dir: Path) -> int:
@@ -302,7 +435,10 @@ class Defaults(argparse.ArgumentDefaultsHelpFormatter):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Defaults)
+    full_run = plan_bytes(checkpoints(SECTIONS, Path("."))) / 1e9  # what a run of every section writes
+    p = argparse.ArgumentParser(description=f"{__doc__.split(chr(10))[0]} A run of every section (no --only) writes "
+                                f"≈ {full_run:.0f} GB of random checkpoints once, under --e2b-dir, and reuses them "
+                                f"later; --only demo writes nothing.", formatter_class=Defaults)
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections, of: {', '.join(SECTIONS)} "
                    f"(all of them by default); and {', '.join(ON_REQUEST)}, run only when named")
     p.add_argument("--target", type=Path, default=DEMO / "target", help="the demo section's target")
@@ -314,8 +450,10 @@ if __name__ == "__main__":
     p.add_argument("-k", type=int, default=None, help="drafts per round; None: the assistant's "
                    "num_assistant_tokens, else 4")
     p.add_argument("--e2b-dir", type=Path, default=Path(tempfile.gettempdir()) / "gemma4-mtp-benchmark",
-                   help="where the random E2B-dimension checkpoints are written once (≈ 9 + 4.5 + 9.5 GB)")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads, for every method alike")
+                   help=f"where the random checkpoints are written once and reused: ≈ {full_run:.0f} GB for a run of "
+                   f"every section (bench, float32, bfloat16, bfloat16-full)")
+    p.add_argument("--threads", type=int, help="torch threads, for every section and method alike (default: each "
+                   "section on the threads the one thread rule of scripts/cli/threads.py gives the model it measures)")
     p.add_argument("--copy-mib", type=int, default=1024, help="size of the bandwidth probe")
     p.add_argument("--no-transformers", action="store_true", help="leave the transformers columns empty")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -348,6 +486,8 @@ if __name__ == "__main__":
         p.error(f"--audio-seconds {a.audio_seconds:g}: a clip of more than 0 and at most 30 s (the tower's cut)")
     if a.audio_reps < 1:
         p.error(f"--audio-reps {a.audio_reps}: at least 1")
+    if a.threads is not None and a.threads < 1:
+        p.error(f"--threads {a.threads}: at least 1")
     if a.device is None:
         a.device = "cuda" if only == ["device"] and torch.cuda.is_available() else "cpu"
     if a.device != "cpu" and not (a.device.startswith("cuda") and torch.cuda.is_available()):
@@ -357,6 +497,5 @@ if __name__ == "__main__":
                use_transformers=not a.no_transformers, sampling_vocab=a.sampling_vocab, device=a.device,
                device_dir=a.device_dir, device_small=a.device_small, device_compile=a.device_compile,
                context_small=a.context_small, context_before_max=a.context_before_max, out_dir=a.out,
-               audio_seconds=a.audio_seconds, audio_reps=a.audio_reps, audio_small=a.audio_small)
-    print(json.dumps(out, indent=1) if a.json else table(out) + batch_table(out) + sampling_table(out) + device_table(out)
-          + context_table(out) + "\n".join(schedule_lines(out.get("schedule"))) + audio_table(out))
+               audio_seconds=a.audio_seconds, audio_reps=a.audio_reps, audio_small=a.audio_small, quiet=a.json)
+    print(json.dumps(out, indent=1) if a.json else printed(out))

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from bench.show import steps
 from gemma4 import KVCache, greedy_generate
 from gemma4.engine import decode
 from gemma4.config_file import text_config_from_dict
@@ -37,6 +38,7 @@ DEMO_PROMPTS = [
     "try:\n    import json\nexcept ImportError:\n    ", "    @property\n    def size(self):\n        ",
 ]
 EXPERTS, TOP_K = 128, 8  # the 26B-A4B's router
+MOE_HIDDEN = 64  # the expert count's random target: tiny but for its router
 VERIFY_KS = tuple(range(1, 9))
 EXPERT_BATCHES = (1, 4, 8)
 
@@ -69,9 +71,9 @@ def batch_section(target: Gemma4Model, drafter: Drafter, prompts: list[list[int]
 
 
 def random_moe_target(seed: int = 0) -> Gemma4Model:
-    """A 4-layer random target with the 26B-A4B's router (128 experts, top 8), 64 wide, in memory."""
+    """A 4-layer random target with the 26B-A4B's router (128 experts, top 8), MOE_HIDDEN wide, in memory."""
     config = text_config_from_dict({
-        "model_type": "gemma4_text", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+        "model_type": "gemma4_text", "vocab_size": 512, "hidden_size": MOE_HIDDEN, "intermediate_size": 128,
         "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
         "global_head_dim": 64, "layer_types": ["sliding_attention"] * 3 + ["full_attention"], "sliding_window": 16,
         "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "enable_moe_block": True,
@@ -121,8 +123,11 @@ def experts_section(draws: int = 8, context: int = 24) -> dict[str, Any]:
     scenarios = [("1-token decode", 1, 1)] + [(f"verify K={k}", 1, k + 1) for k in VERIFY_KS]
     scenarios += [(f"batch {b}, decode", b, 1) for b in EXPERT_BATCHES if b > 1]
     scenarios += [(f"batch {b}, verify K=4", b, 5) for b in EXPERT_BATCHES]
-    rows = [{"case": name, "tokens": b * t, "unique": unique(b, t), "uniform": uniform_expectation(b * t)}
-            for name, b, t in scenarios]
+    rows = []
+    with steps("forwards counted", len(scenarios)) as done:
+        for name, b, t in scenarios:
+            rows.append({"case": name, "tokens": b * t, "unique": unique(b, t), "uniform": uniform_expectation(b * t)})
+            done.update()
     for hook in hooks:
         hook.remove()
     return {"experts": EXPERTS, "top_k": TOP_K, "moe_layers": len(model.layers), "draws": draws, "rows": rows,

@@ -36,7 +36,7 @@ import torch
 from bench.batch import DEMO_PROMPTS
 from bench.memory import SCRIPTS, reset_peak, status_mib
 from bench.random_pair import assistant_config, random_prompt, target_config, write_pair
-from bench.timing import median_ratio
+from bench.timing import median_ratio, section_threads
 from gemma4 import Gemma4Tokenizer, KVCache, load_config, load_target
 from gemma4.cache import PREFILL_CHUNK, ring_slack
 from gemma4.extras.memory import cache_bytes
@@ -253,16 +253,22 @@ def decode_section(root: Path, target_dir: Path, assistant_dir: Path, k: int, si
 
 
 def context_section(root: Path, target_dir: Path, assistant_dir: Path, k: int, small: bool, before_max: int | None,
-                    threads: int, interleaved: Callable, say: Callable[..., None]) -> dict[str, Any]:
+                    asked: int | None, interleaved: Callable, say: Callable[..., None]) -> dict[str, Any]:
+    """`asked`: --threads; else each part on the threads of the one thread rule for the model it measures
+    (bench/timing.py `section_threads`): the prefill geometries', then the demo pair's (`threads` says which)."""
     sizes = SMALL_SIZES if small else FULL_SIZES
     root = root / ("context-small" if small else "context")
     before_max = max(max(p) for p in sizes["prompts"].values()) if before_max is None else before_max
-    out: dict[str, Any] = {"small": small, "cache_bytes": cache_table(), "seconds": {}}
+    out: dict[str, Any] = {"small": small, "cache_bytes": cache_table(), "seconds": {}, "threads": {}}
     start = time.perf_counter()
-    out["prefill_rss"] = rss_section(root, sizes, small, before_max, threads, say)
+    n = out["threads"]["prefill"] = section_threads(geometry("e2b", small)[0]["hidden_size"], asked)
+    say(f"context: peak RSS of prefills, a fresh process each ({n} torch thread{'s' if n != 1 else ''})")
+    out["prefill_rss"] = rss_section(root, sizes, small, before_max, out["threads"]["prefill"], say)
     out["seconds"]["prefill_rss"] = time.perf_counter() - start
     if (target_dir / "config.json").is_file():
-        say("context: decode tokens/s as the context grows, plain and speculative")
+        out["threads"]["decode"] = section_threads(load_config(target_dir).hidden_size, asked)
+        say(f"context: decode tokens/s as the context grows, plain and speculative ({out['threads']['decode']} "
+            f"torch thread{'s' if out['threads']['decode'] != 1 else ''})")
         start = time.perf_counter()
         out["decode"] = decode_section(root, target_dir, assistant_dir, k, sizes, interleaved)
         out["seconds"]["decode"] = time.perf_counter() - start

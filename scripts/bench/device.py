@@ -49,20 +49,17 @@ import torch
 from bench.attention import attention_check
 from bench.costs import cost_section
 from bench.memory import decode_bytes
-from bench.random_pair import assistant_config, e2b_configs, random_prompt, target_config, write_pair
+from bench.random_pair import assistant_config, e2b_configs, pair_bytes, random_prompt, target_config, write_pair
 from bench.syncs import SAMPLED, per_step
 from bench.timing import Clock, interleaved, prefilled
 from gemma4 import greedy_generate, load_target, sample_generate
-from gemma4.config_file import text_config_from_dict
 from gemma4.fast.apply import choose_attention
 from gemma4.fast.experts import GatheredExperts, gather_experts
 from gemma4.fast.modules import adopt
 from gemma4.fast.static import StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.moe import Experts
 from gemma4.sampling import ACCEPT_STREAM, DRAFT_STREAM, TOKEN_STREAM, exponential_noise, keyed_bits
-from gemma4.weights import target_weight_table
 from mtp import DraftLength, load_drafter, speculative_generate
-from mtp.loading import drafter_config_from_dict, drafter_weight_table
 
 FULL_VOCAB = 262144
 DEVICE_DIR = Path("/dev/shm/gemma4-mtp-device")
@@ -139,13 +136,6 @@ def small_e2b_configs(vocab: int) -> tuple[dict[str, Any], dict[str, Any]]:
     return target, assistant_config(target, hidden=16, intermediate=32, heads=2, num_centroids=16, top_k=4)
 
 
-def pair_bytes(target: dict[str, Any], assistant: dict[str, Any], dtype: torch.dtype) -> int:
-    """Bytes the pair's two files take (the token ordering is int64)."""
-    shapes = list(target_weight_table(text_config_from_dict(target)).values())
-    shapes += list(drafter_weight_table(drafter_config_from_dict(assistant)).values())
-    return sum(torch.Size(s).numel() for s in shapes) * dtype.itemsize
-
-
 def error_text(e: Exception) -> str:
     """Its type and the first line of its message (the traceback goes to stderr)."""
     lines = str(e).strip().splitlines()
@@ -209,7 +199,8 @@ def copy_check(device: torch.device, mib: int, reps: int, clock: Clock) -> dict[
 def keyed_bits_check(device: torch.device, vocab: int) -> dict[str, Any]:
     """The 64 noise bits of every token at a few (seed, stream, position), on the device and on the CPU."""
     ids = torch.arange(vocab)
-    cases = [(seed, stream, n) for seed in SEEDS for stream in (TOKEN_STREAM, DRAFT_STREAM, ACCEPT_STREAM) for n in POSITIONS]
+    cases = [(seed, stream, n) for seed in SEEDS for stream in (TOKEN_STREAM, DRAFT_STREAM, ACCEPT_STREAM)
+             for n in POSITIONS]
     equal = [torch.equal(keyed_bits(*c, ids.to(device)).cpu(), keyed_bits(*c, ids)) for c in cases]
     noise = max(float((exponential_noise(*c, ids.to(device)).cpu() / exponential_noise(*c, ids) - 1).abs().max())
                 for c in cases[:3])  # -log u in the device's float64: may differ in the last bits
@@ -237,11 +228,13 @@ class AlwaysRight:
 
 
 def generate_command(t_dir: Path, a_dir: Path, prompt: list[int], tokens: int, device: torch.device,
-                     compile: bool) -> dict[str, Any]:
-    """scripts/generate.py end to end, as a user runs it (a process of its own): its --json, and its wall time."""
+                     compile: bool, threads: int | None = None) -> dict[str, Any]:
+    """scripts/generate.py end to end, as a user runs it (a process of its own): its --json, and its wall time.
+    `threads`: the benchmark's --threads, passed on (else generate.py applies the one thread rule itself)."""
     args = [sys.executable, str(Path(__file__).resolve().parent.parent / "generate.py"), "--target", str(t_dir),
             "--assistant", str(a_dir), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", str(tokens),
             "--temperature", "0", "--device", str(device), "--compare", "--json"] + (["--compile"] if compile else [])
+    args += [] if threads is None else ["--threads", str(threads)]
     start = time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True, timeout=1200)
     wall = time.perf_counter() - start
@@ -256,7 +249,7 @@ def generate_command(t_dir: Path, a_dir: Path, prompt: list[int], tokens: int, d
 
 def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device: torch.device, clock: Clock,
                 copy: dict[str, Any], tokens: int, reps: int, compile_step: bool, parity: bool, moe: bool = False,
-                save: Callable[[], None] | None = None) -> dict[str, Any]:
+                save: Callable[[], None] | None = None, threads: int | None = None) -> dict[str, Any]:
     """Every check of one pair, recorded into `out` (the section's entry for it) as each ends."""
     out |= {"target": str(t_dir), "assistant": str(a_dir)}
     prompt = random_prompt(t_dir, 16)
@@ -361,7 +354,8 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
             for on in (False, True):
                 choose_attention(on)
                 runs = {"plain": lambda: greedy_generate(target, prompt, tokens),
-                        "speculative": lambda: speculative_generate(target, drafter, prompt, tokens, DraftLength(K)).tokens}
+                        "speculative": lambda: speculative_generate(target, drafter, prompt, tokens,
+                                                                    DraftLength(K)).tokens}
                 seconds, outputs = interleaved(runs, reps, runs, clock)
                 result["on" if on else "off"] = {name: tokens / sorted(s)[len(s) // 2] for name, s in seconds.items()}
                 result[f"identical_{'on' if on else 'off'}"] = outputs["plain"][0] == outputs["speculative"][0]
@@ -409,10 +403,10 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
     models.pop(BF16, None)  # freed before the float32 pair loads
     attempt(out, "equal", equal, save)
     if parity:  # and the command end to end, in a process of its own
-        attempt(out, "generate", lambda: generate_command(t_dir, a_dir, prompt, tokens, device, False), save)
+        attempt(out, "generate", lambda: generate_command(t_dir, a_dir, prompt, tokens, device, False, threads), save)
         if compile_step:
-            attempt(out, "generate_compile", lambda: generate_command(t_dir, a_dir, prompt, tokens, device, True),
-                    save)
+            attempt(out, "generate_compile", lambda: generate_command(t_dir, a_dir, prompt, tokens, device, True,
+                                                                      threads), save)
     if parity and isinstance(out["parity"], dict) and "theirs" in logits:
         out["parity"] |= {name: float((logits[a] - logits["f32"]).abs().max()) if "f32" in logits else None
                           for name, a in (("ours_vs_f32", "ours"), ("theirs_vs_f32", "theirs"))}
@@ -446,7 +440,9 @@ def transformers_logits(t_dir: Path, prompt: list[int], device: torch.device, lo
 
 
 def device_section(device: str, root: Path, small: bool, tokens: int, reps: int, copy_mib: int,
-                   compile_step: bool, say: Callable[..., None], out_dir: Path | None = None) -> dict[str, Any]:
+                   compile_step: bool, say: Callable[..., None], out_dir: Path | None = None,
+                   threads: int | None = None) -> dict[str, Any]:
+    """`threads`: --threads, passed on to generate.py's run (the section's own threads are set by its caller)."""
     dev = torch.device(device)
     clock = Clock(dev)
     vocab = 512 if small else FULL_VOCAB
@@ -492,7 +488,7 @@ def device_section(device: str, root: Path, small: bool, tokens: int, reps: int,
         out[name] = {}  # filled check by check: what --out writes holds every finished one
         attempt(out, name, lambda t_dir=t_dir, a_dir=a_dir, name=name: pair_checks(
             out[name], name, t_dir, a_dir, dev, clock, copy, tokens, reps, compile_step, parity=name == "e2b",
-            moe=name == "26b_layers", save=save), save)
+            moe=name == "26b_layers", save=save, threads=threads), save)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out
@@ -514,8 +510,9 @@ def device_table(result: dict[str, Any]) -> str:
                  f"vocabulary {d['vocab']}, {d['tokens']} tokens, {d['reps']} reps; pairs under {d['written_under']}",
              line("copy bandwidth", d.get("copy"), lambda c: f"{c['bytes_per_s'] / gb:.1f} GB/s (read + written, "
                                                            f"{c['mib']} MiB, best)"),
-             line("keyed bits == CPU", d.get("keyed_bits"), lambda k: f"{k['equal']} ({k['cases']} cases x {k['ids']} "
-                                                                   f"ids; noise rel. diff {k['noise_max_rel_diff']:.1e})")]
+             line("keyed bits == CPU", d.get("keyed_bits"), lambda k: (
+                 f"{k['equal']} ({k['cases']} cases x {k['ids']} ids; noise rel. diff "
+                 f"{k['noise_max_rel_diff']:.1e})"))]
     for case, c in (d.get("attention") or {}).items():
         if isinstance(c, dict):  # the default's time, and the forced backend it is like
             lines.append(line(f"sdpa {case}", c, lambda c: f"default {c['default'] * 1e6:.0f} us (like "
@@ -535,13 +532,15 @@ def device_table(result: dict[str, Any]) -> str:
                 f"; allocated {m['after_load']['allocated'] / gb:.2f} GB (peak {m['after_load']['peak'] / gb:.2f}), "
                 f"first forward peak {m['first_forward']['peak'] / gb:.2f} GB" if m["after_load"] else "")),
             line("decode, eager", p["decode"], lambda x: (
-                f"step {x['eager']['step_tokens_per_s']:.1f} tokens/s, generate {x['eager']['generate_tokens_per_s']:.1f}"
+                f"step {x['eager']['step_tokens_per_s']:.1f} tokens/s, generate "
+                f"{x['eager']['generate_tokens_per_s']:.1f}"
                 + ("" if x["bound_tokens_per_s"] is None else
                    f"; bound {x['bound_tokens_per_s']:.1f} ({x['bytes_per_step'] / gb:.2f} GB a step): "
                    f"{x['eager']['fraction_step']:.0%} / {x['eager']['fraction_generate']:.0%}"))),
             line("decode, compiled", p["decode"], lambda x: (
-                f"step {x['compiled']['step_tokens_per_s']:.1f} tokens/s (warm-up {x['compiled']['warm_up_seconds']:.0f}"
-                f" s)" if x["compiled"]["step_tokens_per_s"] else x["compiled"]["reason"])),
+                f"step {x['compiled']['step_tokens_per_s']:.1f} tokens/s (warm-up "
+                f"{x['compiled']['warm_up_seconds']:.0f} s)" if x["compiled"]["step_tokens_per_s"]
+                else x["compiled"]["reason"])),
             line("verify / decode", p["costs"], lambda c: " ".join(f"K={k}: {v:.2f}" for k, v in
                                                                   c["verify_over_decode"].items())),
             line("draft step / decode", p["costs"], lambda c: f"{c['draft_step_over_decode']:.3f}"),
@@ -553,8 +552,8 @@ def device_table(result: dict[str, Any]) -> str:
         if "experts" in p:
             lines.append(line("experts gathered / loop", p["experts"], lambda x: (
                 f"decode {x['gathered_over_loop']['decode_s']:.2f}x, verify of {x['k'] + 1} rows "
-                f"{x['gathered_over_loop']['verify_s']:.2f}x; host reads a step {x['gathered']['host_reads']['plain_step']:.0f}"
-                f" / {x['loop']['host_reads']['plain_step']:.0f}")))
+                f"{x['gathered_over_loop']['verify_s']:.2f}x; host reads a step "
+                f"{x['gathered']['host_reads']['plain_step']:.0f} / {x['loop']['host_reads']['plain_step']:.0f}")))
         if "full_acceptance" in p:
             lines.append(line("all drafts kept / plain", p["full_acceptance"], lambda f: " ".join(
                 f"{k} {v:.2f}x" for k, v in f["over_plain"].items())))
@@ -570,5 +569,6 @@ def device_table(result: dict[str, Any]) -> str:
         if "parity" in p:
             lines.append(line("bf16 vs transformers", p["parity"], lambda q: q.get("skipped") or (
                 f"max |logit diff| {q['max_abs_logit_diff']:.3g} (max |logit| {q['max_abs_logit']:.3g}); vs float32: "
-                f"ours {q.get('ours_vs_f32') or float('nan'):.3g}, theirs {q.get('theirs_vs_f32') or float('nan'):.3g}")))
+                f"ours {q.get('ours_vs_f32') or float('nan'):.3g}, "
+                f"theirs {q.get('theirs_vs_f32') or float('nan'):.3g}")))
     return "\n".join(lines)

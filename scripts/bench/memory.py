@@ -36,17 +36,20 @@ def reset_peak() -> bool:
         return False
 
 
-def memory_child(model_dir: Path, dtype: str) -> dict[str, Any]:
-    """Runs in a fresh process: resident memory before, at the peak of loading, and after one forward."""
+def memory_child(model_dir: Path, dtype: str, threads: int | None = None) -> dict[str, Any]:
+    """Runs in a fresh process (on `threads` torch threads, else torch's default): resident memory before, at the
+    peak of loading, and after one forward."""
+    if threads is not None:
+        torch.set_num_threads(threads)
     base = status_mib()
     separate = reset_peak()
-    model = load_target(model_dir, dtype=getattr(torch, dtype), fast=True)  # the speed layer as the loader applies it (gemma4/fast/)
+    model = load_target(model_dir, dtype=getattr(torch, dtype), fast=True)  # the speed layer as loaded (gemma4/fast/)
     loaded = status_mib()
     # The weights as loaded: in the model's dtype, but the PLE table in the file's (weights.py). A packed
     # weight's parameter may be the file's view in the file's dtype: its packed copy is what is held.
     ple = getattr(model, "embed_tokens_per_layer", None)
-    text_mib = sum(p.numel() * (p.element_size() if ple is not None and p is ple.weight else getattr(torch, dtype).itemsize)
-                   for p in model.parameters()) / 2**20
+    text_mib = sum(p.numel() * (p.element_size() if ple is not None and p is ple.weight
+                                else getattr(torch, dtype).itemsize) for p in model.parameters()) / 2**20
     if separate:
         reset_peak()
     with torch.inference_mode():
@@ -57,11 +60,11 @@ def memory_child(model_dir: Path, dtype: str) -> dict[str, Any]:
             "forward_peak_over_text": (ran["VmHWM"] - base["VmRSS"]) / text_mib, "peaks_separate": separate}
 
 
-def memory_section(model_dir: Path, dtype: str) -> dict[str, Any]:
+def memory_section(model_dir: Path, dtype: str, threads: int | None = None) -> dict[str, Any]:
     """memory_child in a fresh interpreter: nothing loaded before can hide in the peak."""
     # `-m` puts the working directory first on the child's path: run in scripts/, it finds bench.memory.
-    out = subprocess.run([sys.executable, "-m", "bench.memory", str(model_dir.resolve()), dtype],
-                         capture_output=True, text=True, cwd=SCRIPTS)
+    out = subprocess.run([sys.executable, "-m", "bench.memory", str(model_dir.resolve()), dtype,
+                          *([] if threads is None else [str(threads)])], capture_output=True, text=True, cwd=SCRIPTS)
     if out.returncode:
         raise RuntimeError(f"the memory measurement failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -83,5 +86,5 @@ def decode_bytes(model: Gemma4Model) -> int:
     return total
 
 
-if __name__ == "__main__":  # memory_section's child: python -m bench.memory MODEL_DIR DTYPE
-    print(json.dumps(memory_child(Path(sys.argv[1]), sys.argv[2])))
+if __name__ == "__main__":  # memory_section's child: python -m bench.memory MODEL_DIR DTYPE [THREADS]
+    print(json.dumps(memory_child(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)))

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from bench.show import written
 from gemma4.config import FULL, SLIDING
 from gemma4.config_file import read_json, text_config_from_dict
 from gemma4.tokenizer import Gemma4Tokenizer
@@ -40,7 +41,8 @@ ROPE = {
 
 
 def e2b_configs(vocab: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """gemma-4-E2B's text config and its assistant's (gemma4/README.md §16 / mtp/README.md §1), the vocabulary cut to `vocab`."""
+    """gemma-4-E2B's text config and its assistant's (gemma4/README.md §16 / mtp/README.md §1), the vocabulary cut
+    to `vocab`."""
     target = target_config(vocab, layers=35, hidden=1536, intermediate=6144, heads=8, kv_heads=1,
                            head_dim=256, window=512, shared=20, ple_dim=256, double_wide=True)
     assistant = assistant_config(target, hidden=256, intermediate=2048, heads=4, num_centroids=2048, top_k=32)
@@ -120,7 +122,8 @@ def random_tensor(name: str, shape: tuple[int, ...], ple_dim: int, gen: torch.Ge
 def write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, seed: int,
                       ple_dim: int = 0, device: torch.device | str = "cpu") -> None:
     """Draw every tensor of `shapes` on `device` (a GPU draws an E2B-sized file in seconds, one CPU thread in
-    minutes) and stream it into one safetensors file (floats cast to dtype)."""
+    minutes) and stream it into one safetensors file (floats cast to dtype), with a bar of the bytes written on a
+    terminal (bench/show.py)."""
     dtypes = {n: torch.int64 if n.endswith("token_ordering") else dtype for n in shapes}
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -131,12 +134,27 @@ def write_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: tor
         offset += size
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned, so every tensor can be a view of it
-    with open(path, "wb") as f:
+    with open(path, "wb") as f, written(f"writing {path.parent.parent.name}/{path.parent.name}", offset) as done:
         f.write(struct.pack("<Q", len(raw)) + raw)
         for i, (name, shape) in enumerate(shapes.items()):
             gen = torch.Generator(device).manual_seed(seed * 100_003 + i)  # one stream per tensor: order-independent
             t = random_tensor(name, shape, ple_dim, gen).to(dtypes[name]).cpu().contiguous()
             f.write((ctypes.c_ubyte * (t.numel() * t.itemsize)).from_address(t.data_ptr()))  # the bytes, no copy
+            done.update(t.numel() * t.itemsize)
+
+
+def pair_bytes(target: dict[str, Any], assistant: dict[str, Any], dtype: torch.dtype) -> int:
+    """Bytes the pair's two files take (the token ordering is int64)."""
+    shapes = list(target_weight_table(text_config_from_dict(target)).values())
+    shapes += list(drafter_weight_table(drafter_config_from_dict(assistant)).values())
+    return sum(torch.Size(s).numel() for s in shapes) * dtype.itemsize
+
+
+def is_written(root: Path, target: dict[str, Any], assistant: dict[str, Any], dtype: torch.dtype, seed: int = 0
+               ) -> bool:
+    """Whether `write_pair` wrote this very pair under `root` already (it then reuses it)."""
+    stamp = {"target": target, "assistant": assistant, "dtype": str(dtype), "seed": seed, "format": 1}
+    return (root / "pair.json").is_file() and json.loads((root / "pair.json").read_text()) == stamp
 
 
 def write_pair(root: Path, target: dict[str, Any], assistant: dict[str, Any], dtype: torch.dtype,
@@ -145,7 +163,7 @@ def write_pair(root: Path, target: dict[str, Any], assistant: dict[str, Any], dt
     values are random either way); return both."""
     stamp = {"target": target, "assistant": assistant, "dtype": str(dtype), "seed": seed, "format": 1}
     target_dir, assistant_dir = root / "target", root / "assistant"
-    if (root / "pair.json").is_file() and json.loads((root / "pair.json").read_text()) == stamp:
+    if is_written(root, target, assistant, dtype, seed):
         return target_dir, assistant_dir
     for d in (target_dir, assistant_dir):
         d.mkdir(parents=True, exist_ok=True)
@@ -161,7 +179,8 @@ def write_pair(root: Path, target: dict[str, Any], assistant: dict[str, Any], dt
     (assistant_dir / "generation_config.json").write_text(json.dumps(
         generation | {"num_assistant_tokens": num_assistant_tokens, "num_assistant_tokens_schedule": "constant"},
         indent=2))
-    write_safetensors(assistant_dir / "model.safetensors", drafter_weight_table(drafter), dtype, seed + 1, device=device)
+    write_safetensors(assistant_dir / "model.safetensors", drafter_weight_table(drafter), dtype, seed + 1,
+                      device=device)
     (root / "pair.json").write_text(json.dumps(stamp, indent=2))
     return target_dir, assistant_dir
 

@@ -1,6 +1,8 @@
-"""What scripts/benchmark.py prints: the table of one run's results, and the goals beside the figures.
+"""What scripts/benchmark.py prints: the table of one run's results, and, last, for the project's developers, the
+figures its goals are set on beside those goals.
 
-It reads only the result object, the one `--json` prints, so a saved run can be printed again with
+A goal's verdict (`met`) is in the result object only, the one `--json` prints: the table shows what was measured
+and what it is compared with. It reads only that object, so a saved run can be printed again with
 `table(json.load(open(path)))`.
 """
 
@@ -36,8 +38,8 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
                 goal(f"{label}: draft step / decode step", r["costs"]["draft_step_over_decode"], 0.10, False)
             goal(f"{label}: 5-token verify / 1-token decode", verify[4], 1.25, False)
             if not key:
-                goal(f"{label}: implied speedup at acceptance 0.7, best K", r["costs"]["implied_speedup"]["0.7"]["speedup"],
-                     2.0, True)
+                goal(f"{label}: implied speedup at acceptance 0.7, best K",
+                     r["costs"]["implied_speedup"]["0.7"]["speedup"], 2.0, True)
         if r.get("bandwidth"):
             goal(f"{label}: decode / memory-bandwidth bound", r["bandwidth"]["fraction_decode_step"], fraction, True)
             goal(f"{label}: decode / bound, paired by repetition", r["bandwidth"]["fraction_paired"], fraction, True)
@@ -50,15 +52,28 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def threads_line(result: dict[str, Any]) -> list[str]:
+    """The torch threads each section ran with (bench/timing.py `section_threads`)."""
+    ran = result.get("threads")
+    if not ran:
+        return []
+    return [f"torch threads: {', '.join(f'{name} {n}' for name, n in ran.items())} (scripts/cli/threads.py's rule "
+            f"for each section's model; --threads N sets all)"]
+
+
+def threads_of(n: int | None) -> str:
+    return "" if n is None else f", {n} torch thread{'s' if n != 1 else ''}"
+
+
 def table(result: dict[str, Any]) -> str:
-    lines = [f"machine: {result['machine']}"]
+    lines = [f"machine: {result['machine']}", *threads_line(result)]
     for section in ("demo", "bench", "e2b"):
         r = result.get(section)
         if not r:
             continue
         lines += ["", f"== {section}: {r['target']} + {r['assistant']}",
                   f"   prompt {r['prompt_tokens']} tokens, {r['new_tokens']} new, K = {r['k']}, "
-                  f"{r['reps']} timed reps; transformers {r['transformers']}",
+                  f"{r['reps']} timed reps{threads_of(r.get('threads'))}; transformers {r['transformers']}",
                   *([f"   {r['note']}"] if r.get("note") else []),
                   f"   {'method':<32}{'tokens/s':>10}{'acceptance':>12}"]
         names = {"ours_plain": "ours, plain greedy", "ours_spec": "ours, speculative",
@@ -78,9 +93,10 @@ def table(result: dict[str, Any]) -> str:
                      f"transformers' decode step {theirs}")
         if r.get("host_reads"):  # scripts/bench/syncs.py: each one a stall on a GPU
             h = r["host_reads"]
-            lines.append(f"   host reads: a plain step {h['plain_step']:.2f}, a speculative round {h['spec_round']:.2f}; "
-                         f"sampled (T 0.7, argmax drafting): a step {h['sampled_plain_step']:.2f}, "
-                         f"a round {h['sampled_spec_round']:.2f}; sample drafting: a round {h['sample_drafting_round']:.2f}")
+            lines.append(f"   host reads: a plain step {h['plain_step']:.2f}, a speculative round "
+                         f"{h['spec_round']:.2f}; sampled (T 0.7, argmax drafting): a step "
+                         f"{h['sampled_plain_step']:.2f}, a round {h['sampled_spec_round']:.2f}; sample drafting: "
+                         f"a round {h['sample_drafting_round']:.2f}")
         lines += packing_lines(r.get("packing"))
     lines += costs_lines(result.get("costs"), "float32") + bandwidth_lines(result.get("bandwidth"))
     if result.get("bf16"):
@@ -99,12 +115,20 @@ def table(result: dict[str, Any]) -> str:
                       f"{m['after_forward']['RssFile'] - m['baseline']['RssFile']:.0f} MiB)"]
     for section, why in result.get("skipped", {}).items():
         lines.append(f"   {section}: skipped, {why}")
-    if result["goals"]:  # a run of sections that set none (e.g. --only audio) prints no empty heading
-        lines += ["", "== goals (measured in this run; each ratio compares runs taken in turns)"]
+    return "\n".join(lines)
+
+
+def goals_table(result: dict[str, Any]) -> str:
+    """The last block, for the project's developers: each figure a goal is set on, as this run measured it, beside
+    the target it is compared with (scripts/benchmark.md, Goals). Whether it is met: `goals` in --json's object."""
+    if not result.get("goals"):  # a run of sections that set none (e.g. --only audio) prints no empty heading
+        return ""
+    width = max(len(g["goal"]) for g in result["goals"]) + 2
+    lines = ["", "== for developers: figures of this run beside the project's targets (scripts/benchmark.md, Goals)",
+             f"   {'figure':<{width}}{'measured':>10}  target"]
     for g in result["goals"]:
         sign = {True: ">= ", False: "<= "}.get(g.get("at_least"), "")  # a goal without a direction: its limit
-        verdict = {True: "met", False: "not met"}.get(g.get("met"), "not measured" if g["value"] is None else "")
-        lines.append(f"   {g['goal']:<56}goal {sign}{g['limit']:<6}  {fmt(g['value'], '.3f'):>8}  {verdict}")
+        lines.append(f"   {g['goal']:<{width}}{fmt(g['value'], '.4g'):>10}  {sign}{g['limit']:g}")
     return "\n".join(lines)
 
 

@@ -133,7 +133,7 @@ def sampling_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
                  d["plain sampled/greedy tokens/s"], 0.97, True),
                 (f"sampling: e2b bf16 V={d['vocab']} speculative argmax drafting, s per forward sampled / greedy",
                  d["spec sampled/greedy s per forward"], 1.03, False)]
-    return [{"goal": g, "value": v, "limit": limit, "met": v >= limit if at_least else v <= limit}
+    return [{"goal": g, "value": v, "limit": limit, "at_least": at_least, "met": v >= limit if at_least else v <= limit}
             for g, v, limit, at_least in out]
 
 

@@ -123,9 +123,9 @@ def per_step(target: Gemma4Model, drafter: Drafter, prompt: list[int], tokens: i
     sampled (SAMPLED): a run of `tokens` less a run of 1 token (the prefill and the first token, no step or
     round), over the steps (tokens - 1) or the rounds (target forwards - 1) between them, after a first run
     that fills the caches of values computed once. Returns three counts, each keyed plain_step, spec_round,
-    sampled_plain_step, sampled_spec_round, sample_drafting_round (`sample` drafting): `host_reads` (the Tensor methods), `syncing_ops` (SYNCING_OPS
-    seen by the profiler; None without `profile`: it makes a decode step of the demo ~20x slower) and
-    `cuda_syncs` (None off CUDA)."""
+    sampled_plain_step, sampled_spec_round, sample_drafting_round (`sample` drafting): `host_reads` (the Tensor
+    methods), `syncing_ops` (SYNCING_OPS seen by the profiler; None without `profile`: it makes a decode step of
+    the demo ~20x slower) and `cuda_syncs` (None off CUDA)."""
     def count(run: Callable[[int], int]) -> dict[str, float | None]:
         """run(n) decodes n tokens and returns its steps or rounds."""
         run(1)  # uncounted: values computed once and cached (model.py's embed_scale reads one)

@@ -8,6 +8,8 @@ ATen calls per step.
   clock would time the launches: there CUDA events are recorded on the device's stream before and after the
   call and read after a synchronize, which times the call's work on the device, idle gaps included.
 - Every tensor is made on the model's device, so the same code runs on the CPU and on CUDA.
+- Threads (`section_threads`): each section runs on the threads scripts/cli/threads.py's rule gives the model it
+  measures (`--threads N` overrides it), every method of the section alike.
 """
 
 import os
@@ -18,6 +20,8 @@ from typing import Any
 
 import torch
 
+from bench.show import steps
+from cli.threads import use_threads
 from gemma4 import KVCache
 from gemma4.model import Gemma4Model, ModelOutput
 from mtp import Drafter
@@ -46,6 +50,15 @@ class Clock:
 
 
 HOST = Clock("cpu")
+TORCH_THREADS = torch.get_num_threads()  # torch's default, read before any section sets its own
+
+
+def section_threads(hidden_size: int, asked: int | None = None) -> int:
+    """Set this process's torch threads for a section whose model has this hidden size, by the one thread rule
+    (scripts/cli/threads.py; `asked`: --threads); returns them. torch's default comes back first, so a section
+    after a one-thread section runs on the default where the rule says so."""
+    torch.set_num_threads(TORCH_THREADS)
+    return use_threads(hidden_size, asked)
 
 
 def median_ratio(a: list[float], b: list[float]) -> float:
@@ -55,16 +68,21 @@ def median_ratio(a: list[float], b: list[float]) -> float:
 
 def interleaved(runs: dict[str, Callable[[], Any]], reps: int, warm_up: dict[str, Callable[[], Any]],
                 clock: Clock = HOST) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Seconds of every run per repetition (order reversed every other repetition), and each one's output."""
-    for run in warm_up.values():
-        run()
+    """Seconds of every run per repetition (order reversed every other repetition), and each one's output; a bar
+    of the runs on a terminal (bench/show.py), advanced outside the timed calls."""
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     outputs: dict[str, Any] = {}
-    for rep in range(reps):
-        for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
-            s, out = clock.time(runs[name])
-            outputs.setdefault(name, []).append(out)
-            seconds[name].append(s)
+    what = f"timing, {len(runs)} runs x {reps} reps{' + warm-up' if warm_up else ''}"
+    with steps(what, len(warm_up) + reps * len(runs)) as done:
+        for run in warm_up.values():
+            run()
+            done.update()
+        for rep in range(reps):
+            for name in (list(runs) if rep % 2 == 0 else list(reversed(runs))):
+                s, out = clock.time(runs[name])
+                outputs.setdefault(name, []).append(out)
+                seconds[name].append(s)
+                done.update()
     return seconds, outputs
 
 

@@ -81,4 +81,5 @@ def tf_decode_step(target: Any, prompt: list[int]) -> Callable[[], Any]:
     with torch.inference_mode():
         cache = target(ids, attention_mask=torch.ones_like(ids), use_cache=True).past_key_values
     mask = torch.ones(1, len(prompt) + 1, dtype=torch.long)
-    return torch.inference_mode()(lambda: target(ids[:, -1:], past_key_values=cache, attention_mask=mask, use_cache=True))
+    return torch.inference_mode()(lambda: target(ids[:, -1:], past_key_values=cache, attention_mask=mask,
+                                                 use_cache=True))

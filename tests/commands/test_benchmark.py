@@ -2,6 +2,7 @@
 and that all four decoders produce the same tokens. No timing is asserted: times are the machine's."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -11,8 +12,9 @@ import pytest
 import torch
 
 import benchmark
-from bench import device
+from bench import device, timing
 from bench.random_pair import assistant_config, target_config
+from cli.threads import SMALL_HIDDEN
 from gemma4 import load_target
 
 PAIR_KEYS = {"target", "assistant", "prompt_tokens", "new_tokens", "reps", "k", "transformers", "methods", "ratios",
@@ -57,7 +59,8 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
         assert set(calls) == {"ours", "ours_draft_step", "tf"} and min(calls.values()) > 0
         assert ("host_reads" in r) == (section == "demo")  # scripts/bench/syncs.py, the demo section only
     reads = result["demo"]["host_reads"]
-    assert set(reads) == {"plain_step", "spec_round", "sampled_plain_step", "sampled_spec_round", "sample_drafting_round"}
+    assert set(reads) == {"plain_step", "spec_round", "sampled_plain_step", "sampled_spec_round",
+                          "sample_drafting_round"}
     assert reads["plain_step"] <= 1 and reads["spec_round"] <= 2  # tests/speed/test_syncs.py holds these on every shape
     assert "skipped" not in result  # on the CPU every section runs
     costs = result["costs"]
@@ -93,31 +96,95 @@ def test_every_section(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pyt
         assert [len(s) for s in r["seconds"].values()] == [schedule["reps"]] * 2 and r["identical"] is True
     goals = {g["goal"]: g for g in result["goals"]}
     assert goals["demo: identical tokens (1 = yes)"]["met"] is True
-    assert all({"goal", "value", "limit", "met"} <= set(g) for g in goals.values())
-    assert all("at_least" in g for name, g in goals.items() if name.startswith(("demo:", "bench:", "e2b")))
+    assert all({"goal", "value", "limit", "at_least", "met"} <= set(g) for g in goals.values())
     assert {"e2b bf16: decode / memory-bandwidth bound", "e2b: implied speedup at acceptance 0.7, best K",
             "first-forward peak / weights as loaded (bf16)", "demo: ATen calls per decode step of the target",
             "bench: plain decode, fast / fast=False", "demo: plain decode, fast / fast=False"} <= set(goals)
-    printed = benchmark.table(result)
-    # The goals block ends the table: a row per goal of the result, in its order, with its name, measured value and
-    # whether it is met.
-    rows = printed.partition("\n== goals")[2].splitlines()[1:]
-    verdict = {True: "met", False: "not met", None: "not measured"}
-    assert [(row.split("goal ")[0].strip(), row.split("  ")[-1].strip()) for row in rows] == \
-        [(g["goal"], verdict[g["met"]] if g["met"] is not None or g["value"] is None else "") for g in result["goals"]]
+    # --threads 1 (threads=1): every section on one thread, each pair section's methods too, as recorded
+    assert result["threads"] == dict.fromkeys(benchmark.SECTIONS, 1)
+    assert all(result[section]["threads"] == 1 for section in ("demo", "bench", "e2b"))
+    printed = benchmark.printed(result)
+    assert "torch threads: " + ", ".join(f"{name} 1" for name in benchmark.SECTIONS) in printed
+    assert printed.count("timed reps, 1 torch thread;") == 3  # the demo, bench and e2b headers
+    # The goals come last, for developers: a row per goal of the result, in its order, with its name, the measured
+    # value and the target it is compared with; no verdict in the table (`met` is in the JSON only).
+    head, block, rows = printed.rpartition("\n== for developers: ")
+    assert head and block and not re.search(r"\bmet\b", printed)
+    rows = rows.splitlines()[2:]
+    assert len(rows) == len(result["goals"])
     for row, g in zip(rows, result["goals"]):
-        assert ("n/a" if g["value"] is None else f"{g['value']:.3f}") in row
+        measured = "n/a" if g["value"] is None else f"{g['value']:.4g}"
+        assert row.strip().startswith(g["goal"] + " "), row
+        assert row.rstrip().endswith(f" {measured}  {'>=' if g['at_least'] else '<='} {g['limit']:g}"), row
     assert all(f"{c['shape'][0]}x{c['shape'][1]}" in printed for c in result["demo"]["packing"]["target"])
 
 
-def test_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    result = benchmark.main(sections=["demo"], target_dir=pair[0], assistant_dir=pair[1], tokens=5, e2b_tokens=4,
-                            reps=1, e2b_reps=1, k=2, e2b_dir=tmp_path, threads=1, copy_mib=4, use_transformers=False)
+def tiny_wide() -> tuple[dict, dict]:
+    """A tiny pair whose target is as wide as the one thread rule's threshold: a release-sized section's stand-in."""
+    target = target_config(512, layers=2, hidden=SMALL_HIDDEN, intermediate=64, heads=2, kv_heads=1, head_dim=16,
+                           window=8, shared=0, ple_dim=0, double_wide=False)
+    return target, assistant_config(target, hidden=16, intermediate=32, heads=2, num_centroids=16, top_k=4)
+
+
+def test_threads_by_section_without_transformers(pair: tuple[Path, Path], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --threads, each section runs on the threads of the one thread rule (scripts/cli/threads.py) for the
+    model it measures: the demo pair on one, a target as wide as the threshold on torch's default (2 here, as a
+    2-core machine's), every method of a section alike; said as each section starts, recorded and printed. The run
+    says what it writes before writing it, and torch's threads come back as they were."""
+    monkeypatch.setattr(benchmark, "bench_configs", tiny_wide)
+    monkeypatch.setattr(timing, "TORCH_THREADS", 2)
+    plan = benchmark.checkpoints(["demo", "bench"], tmp_path)
+    assert list(plan) == [tmp_path / "bench"]
+    note = benchmark.disk_note(plan, tmp_path)
+    assert note is not None and f"writes {benchmark.plan_bytes(plan) / 1e9:.1f} GB" in note
+    result = benchmark.main(sections=["demo", "bench"], target_dir=pair[0], assistant_dir=pair[1], tokens=5,
+                            e2b_tokens=4, reps=1, e2b_reps=1, k=2, e2b_dir=tmp_path, copy_mib=4, use_transformers=False)
+    assert torch.get_num_threads() == 1  # tests/conftest.py's, given back
+    assert result["threads"] == {"demo": 1, "bench": 2}
+    assert result["demo"]["threads"] == 1 and result["bench"]["threads"] == 2  # read inside every timed run
+    said = capsys.readouterr().err.splitlines()
+    assert said.index(note) < min(i for i, line in enumerate(said) if line.startswith("bench:"))
+    assert any(line.startswith("demo: ") and line.endswith("(1 torch thread)") for line in said)
+    assert any(line.startswith("bench: ") and line.endswith("(2 torch threads)") for line in said)
+    assert benchmark.disk_note(plan, tmp_path) is None  # written: a later run reuses it and says nothing
+    printed = benchmark.printed(result)
+    assert "torch threads: demo 1, bench 2 (scripts/cli/threads.py's rule" in printed
+    assert "timed reps, 1 torch thread;" in printed and "timed reps, 2 torch threads;" in printed
     demo = result["demo"]
     assert set(demo["methods"]) == {"ours_plain", "ours_spec", "ours_plain_pack_false"} and demo["identical"] is True
     assert demo["transformers"].startswith("skipped") and demo["k"] == 2
     assert set(demo["aten_calls_per_decode_step"]) == {"ours", "ours_draft_step"}
-    assert "n/a" in benchmark.table(result)
+    assert "n/a" in printed
+
+
+def test_progress(pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                  capsys: pytest.CaptureFixture[str]) -> None:
+    """On a terminal, bars on stderr: the bytes of each checkpoint written, and each section's timed runs, named
+    after the section; none under --json (quiet), where the plain line of each section is still said."""
+    monkeypatch.setattr(benchmark, "bench_configs", tiny_bench)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # capsys's stderr, standing in for a terminal
+    for quiet in (False, True):
+        benchmark.main(sections=["bench", "experts"], target_dir=pair[0], assistant_dir=pair[1], tokens=3,
+                       e2b_tokens=4, reps=1, e2b_reps=1, k=2, e2b_dir=tmp_path / str(quiet), threads=1, copy_mib=4,
+                       use_transformers=False, quiet=quiet)
+        err = capsys.readouterr().err
+        bars = ("bench: writing bench/target", "bench: writing bench/assistant", "bench: timing, 3 runs x 1 reps",
+                "experts: forwards counted")
+        assert [bar in err for bar in bars] == [not quiet] * len(bars), err
+        assert ("%|" in err) == (not quiet)
+        assert "\nbench: the random mid-size pair under" in "\n" + err and "\nexperts: unique experts" in err
+
+
+def test_json_is_alone_on_stdout() -> None:
+    """--json: stdout is the JSON object alone; what the run says goes to stderr."""
+    out = subprocess.run([sys.executable, str(Path(benchmark.__file__)), "--only", "experts", "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["threads"] == {"experts": 1} and result["experts"]["rows"]
+    assert "\nexperts: unique experts per MoE layer" in "\n" + out.stderr and "(1 torch thread)" in out.stderr
 
 
 def test_help_shows_the_defaults() -> None:
@@ -125,10 +192,25 @@ def test_help_shows_the_defaults() -> None:
     assert out.returncode == 0
     assert "(default: 64)" in out.stdout and "(default: 7)" in out.stdout and "bench" in out.stdout
     # --device-dir states what the device section writes: its four pairs' bytes, computed as the code writes them
-    pairs = [device.e2b_configs(device.FULL_VOCAB)] + [
-        configs(device.FULL_VOCAB, False) for configs in (device.l31b_configs, device.l26b_configs, device.l12b_configs)]
+    pairs = [device.e2b_configs(device.FULL_VOCAB)] + [configs(device.FULL_VOCAB, False) for configs in (
+        device.l31b_configs, device.l26b_configs, device.l12b_configs)]
     total = sum(device.pair_bytes(*pair, torch.bfloat16) for pair in pairs)
-    assert f"its four random bfloat16 pairs once (≈ {total / 1e9:.1f} GB" in " ".join(out.stdout.split())
+    words = " ".join(out.stdout.split())
+    assert f"its four random bfloat16 pairs once (≈ {total / 1e9:.1f} GB" in words
+    # A run of every section: what it writes under --e2b-dir, said in the description, --e2b-dir's help, the
+    # docstring and benchmark.md's first paragraph
+    every = [(benchmark.bench_configs(), torch.float32), (benchmark.e2b_configs(benchmark.E2B_VOCAB), torch.float32),
+             (benchmark.e2b_configs(benchmark.E2B_VOCAB), torch.bfloat16),
+             (benchmark.e2b_configs(benchmark.FULL_VOCAB), torch.bfloat16)]
+    gb = round(sum(device.pair_bytes(*configs, dtype) for configs, dtype in every) / 1e9)
+    assert gb == round(benchmark.plan_bytes(benchmark.checkpoints(benchmark.SECTIONS, Path("anywhere"))) / 1e9)
+    assert f"A run of every section (no --only) writes ≈ {gb} GB of random checkpoints once, under --e2b-dir" in words
+    assert f"≈ {gb} GB for a run of every section" in words
+    assert f"writes about {gb} GB of random checkpoints once, under `--e2b-dir`" in " ".join(benchmark.__doc__.split())
+    first = (Path(benchmark.__file__).parent / "benchmark.md").read_text().split("\n\n")[1]
+    assert f"about {gb} GB" in first and "--e2b-dir" in first
+    # --threads points to the rule rather than restating it
+    assert "scripts/cli/threads.py" in words.partition("--threads THREADS")[2]
 
 
 DEVICE_CHECKS = {"load", "decode", "costs", "syncs", "equal"}
