@@ -76,7 +76,8 @@ def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # the whole of stdout is one JSON object
     assert set(result) == {"tokens", "text", "finish_reason", "stats", "sampling", "plain", "identical",
-                           "identical_expected", "speedup"}
+                           "identical_expected", "low_precision", "speedup", "notes"}
+    assert result["low_precision"] is False and result["notes"] == []
     assert result["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "drafting": "argmax"}
     tokens, stats = result["tokens"], result["stats"]
     assert all(isinstance(t, int) for t in tokens) and 1 <= len(tokens) <= 24
@@ -556,7 +557,8 @@ def test_a_draft_length_past_what_a_round_holds_is_cut(pair, capsys: pytest.Capt
                                               "--max-new-tokens", "12", "--ignore-eos", "--temperature", "0",
                                               "--num-assistant-tokens", "3000", "--compare", "--json"])
     assert status == 0, err
-    assert "note: 3000 drafts a round is cut to 10: that is the most --max-new-tokens 12 holds" in err
+    assert err == ""  # --json: the note is in the document
+    assert "3000 drafts a round is cut to 10: that is the most --max-new-tokens 12 holds" in json.loads(out)["notes"]
     assert json.loads(out)["identical"]
 
 

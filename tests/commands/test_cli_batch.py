@@ -33,7 +33,7 @@ def test_rows_are_single_runs_with_seed_plus_i(pair, capsys: pytest.CaptureFixtu
                                               "--json"])
     assert status == 0, err
     result = json.loads(out)  # stdout holds the one object
-    assert set(result) == {"rows", "stats"} and len(result["rows"]) == 3
+    assert set(result) == {"rows", "stats", "notes"} and len(result["rows"]) == 3
     for i, (text, row) in enumerate(zip(texts, result["rows"])):
         assert set(row) == ROW_KEYS
         alone = single(capsys, [*sampled, "--seed", str(7 + i), "--prompt", text])
@@ -68,7 +68,8 @@ def test_prompt_ids_file_and_text_output(pair, capsys: pytest.CaptureFixture, tm
     assert "batch of" not in out
     file.write_text("hi\n")  # one prompt: exactly today's object
     one = json.loads(run_inprocess(capsys, [*common(pair), "--prompts-file", str(file), "--json"])[1])
-    assert one == {**single(capsys, [*common(pair), "--prompt", "hi"]), "stats": one["stats"]}
+    assert one == {**single(capsys, [*common(pair), "--prompt", "hi"]), "stats": one["stats"], "notes": one["notes"]}
+    assert one["notes"][0].startswith(f"1 prompt read from {file}")
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -136,7 +137,8 @@ def test_each_row_keeps_its_own_budget(pair, capsys: pytest.CaptureFixture, tmp_
     assert status == 0, err
     result = json.loads(out)
     assert [len(r["tokens"]) for r in result["rows"]] == [2, 30]
-    assert "note: --max-new-tokens 30 is cut to 2 for row 0" in err and "row 1" not in err
+    notes = " ".join(result["notes"])
+    assert err == "" and "--max-new-tokens 30 is cut to 2 for row 0" in notes and "row 1" not in notes
     assert result["stats"]["identical"]
     alone = single(capsys, [*args, "--prompt-ids", rows[1]])
     assert result["rows"][1]["tokens"] == alone["tokens"]
