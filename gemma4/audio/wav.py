@@ -53,6 +53,9 @@ class AudioError(ValueError):
     """An audio input that cannot be read or used; the message names the problem and the fix."""
 
 
+MIN_RATE = 4_000  # Hz: telephone speech is 8 kHz; a header below this rate is refused
+
+
 def convert_hint(path: str | Path) -> str:
     """The ffmpeg command that turns any audio file into what read_wav reads best."""
     return f"convert it, e.g. `ffmpeg -i {shlex.quote(str(path))} -ar 16000 -ac 1 -c:a pcm_s16le out.wav`"
@@ -71,6 +74,10 @@ def read_wav(path: str | Path) -> torch.Tensor:
         raise AudioError(f"{path} is not 16-bit PCM WAV ({reason}): {convert_hint(path)}") from e
     if not 1 <= width <= 4:
         raise AudioError(f"{path} has {8 * width}-bit samples, not 16-bit PCM: {convert_hint(path)}")
+    # Below MIN_RATE a header is no recording of speech, and resampling would multiply its length many times.
+    if rate < MIN_RATE:
+        raise AudioError(f"{path} says it is sampled at {rate} Hz, below the {MIN_RATE} Hz of any speech "
+                         f"recording: {convert_hint(path)}")
     if len(data) < channels * width:
         raise AudioError(f"{path} holds no audio frames: give a recording")
     data = data[:len(data) - len(data) % (channels * width)]  # a last frame cut off mid-way is dropped

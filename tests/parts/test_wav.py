@@ -16,13 +16,15 @@
 """
 
 import math
+import wave
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from gemma4.audio.wav import SAMPLE_RATE, resample
+from gemma4.audio.wav import SAMPLE_RATE, AudioError, read_wav, resample
 
 MIB = 2**20
 
@@ -95,3 +97,15 @@ def test_constants_and_lengths(rate: int) -> None:
         if m > 200:  # 64 samples from the ends: beyond the kernel's reach, where zeros come in
             inner = got[64:-64]
             torch.testing.assert_close(inner, torch.full_like(inner, 0.25), atol=1e-6, rtol=0)
+
+
+def test_a_rate_below_any_speech_recording_is_refused(tmp_path: Path) -> None:
+    """A header that says 1 Hz would turn 100 samples into 1.6 million: refused in one line with the fix."""
+    path = tmp_path / "odd.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(1)
+        w.writeframes(b"\x00\x01" * 100)
+    with pytest.raises(AudioError, match=r"sampled at 1 Hz, below the 4000 Hz .*ffmpeg -i"):
+        read_wav(path)
