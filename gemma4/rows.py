@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
-from gemma4.generate import PromptError, check_prompt  # noqa: F401 (the engine's rows are checked alike)
+from gemma4.generate import PromptError, check_prompt, finished  # noqa: F401 (PromptError: importable here)
 from gemma4.model import Gemma4Model
 from gemma4.sampling import TOKEN_STREAM, SamplerConfig
 
@@ -100,12 +100,12 @@ def keep(cache: KVCache, kept: list[int]) -> None:
 
 
 def finish_reason(seq: list[int], row: Request, context: int) -> str | None:
-    """"stop" after a committed stop id, "length" when the budget or the context is spent, else None."""
-    if seq[-1] in row.stop_ids:
-        return "stop"
-    if len(seq) - len(row.prompt) == row.max_new_tokens or len(seq) >= context:
-        return "length"
-    return None
+    """"stop" after a committed stop id, "length" when the budget or the context is spent, else None: the
+    textbook loops' rule (gemma4/generate.py `finished`) on the row's new tokens."""
+    new = seq[len(row.prompt):]
+    if not new or not finished(new, row.stop_ids, min(row.max_new_tokens, context - len(row.prompt))):
+        return None
+    return "stop" if new[-1] in row.stop_ids else "length"
 
 
 def choose(model: Gemma4Model, logits: torch.Tensor, samplers: Sequence[SamplerConfig | None],

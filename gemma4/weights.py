@@ -228,7 +228,7 @@ def _read(handle, file: Path, name: str) -> torch.Tensor:  # noqa: ANN001 (safet
 def read_state_dict(
     model_dir: Path, table: dict[str, tuple[int, ...]], prefix: str, ignored: set[str],
     owned: Callable[[str], bool], dtype: torch.dtype, device: torch.device | str,
-    host_keys: frozenset[str] = frozenset(), progress: "Progress | None" = None,
+    host_keys: frozenset[str] = frozenset(), progress: Progress | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every `prefix + key` of `table`, checked for shape and cast to dtype (floating tensors only).
 

@@ -38,7 +38,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
-    from cli.trace import Trace, observed, piece
+    from cli.trace import Trace, each, observed, piece
     from gemma4.engine import decode, generate_one
     from gemma4.generate import sample_generate
     from gemma4.rows import check_prompt
@@ -241,7 +241,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         elif drafter is not None:
             spec = speculative_one(model, drafter, prompt_ids, max_new_tokens, draft_length, stops,
-                                   sampler, drafting, on_round=lambda r: [see(r) for see in observers],
+                                   sampler, drafting, on_round=each(observers),
                                    cache=cache, prefill_chunk=flags.prefill_chunk, images=pictures)
             tokens, stats, finish_reason = spec.tokens, spec.stats, spec.finish_reason
         elif textbook:

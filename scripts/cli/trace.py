@@ -14,11 +14,19 @@ if TYPE_CHECKING:
     from gemma4.tokenizer import Gemma4Tokenizer
 
 
+def each(observers: list[Callable[[Round], None]]) -> Callable[[Round], None]:
+    """One observer that shows a round to every one of `observers`, in order (the engine's `on_round`)."""
+    def see(round: Round) -> None:
+        for observer in observers:
+            observer(round)
+    return see
+
+
 def observed(rounds: Iterable[Round], observers: list[Callable[[Round], None]]) -> Iterator[Round]:
     """The rounds of the textbook loop, each shown to every observer as it comes."""
+    see = each(observers)
     for round in rounds:
-        for see in observers:
-            see(round)
+        see(round)
         yield round
 
 
