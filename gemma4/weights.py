@@ -15,6 +15,13 @@ Facts a reader must know (gemma4/README.md §17):
   step); rows are cast when looked up (a cast commutes with a row lookup, so the numbers are the same). A
   bfloat16 E2B run in float32 so skips a 9.4 GB copy, and a GPU holds none of its 4.7 GB.
 - Only safetensors are read. Pickled `.bin`/`.pt` files are refused, never unpickled.
+- Google's QAT w4a16 files (gemma4/int4.py) store most projections as int4 triples (`M.weight_packed`,
+  `M.weight_scale`, `M.weight_shape` in place of `M.weight`): the file says which, and those layers are built as
+  `Int4Linear` and loaded packed. `quantize="int4"` turns a floating-point file's same layers into that layout
+  as each tensor is read, so the floating-point weights are never all in memory (a layer whose inputs are not
+  a multiple of 32 stays floating point: none in the releases). A dense `lm_head.weight` beside
+  the text model (the 31B's files may carry one) is compared with the embedding: equal, it is the tied head and
+  is not read again; different, the file is refused.
 - The loaders build the textbook's modules of gemma4/model.py unless asked for the speed layer (`fast=True`,
   gemma4/fast/, as the commands ask): q/k/v and gate/up stacked, and on the CPU a packed copy where the rule of
   gemma4/fast/kernels.py says so; the same tokens. gemma4/fast/ is imported only then, inside the loader.
@@ -33,6 +40,7 @@ from torch import nn
 
 from gemma4.config import ConfigError, TextConfig
 from gemma4.config_file import read_json, target_config, text_fields
+from gemma4.int4 import GROUP, Int4Linear, check_scheme, is_quantized, quantize, swap_in
 from gemma4.model import Gemma4Model
 
 # key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
@@ -97,8 +105,22 @@ def target_weight_table(c: TextConfig) -> dict[str, tuple[int, ...]]:
 
 def target_ignored(c: TextConfig) -> set[str]:
     """Keys a file may carry that the model does not use: K/V weights of KV-shared layers."""
-    return {f"layers.{i}.self_attn.{n}.weight" for i in range(c.first_shared_layer, c.num_layers)
-            for n in ("k_proj", "v_proj", "k_norm", "v_norm")}
+    return {f"layers.{i}.self_attn.{n}.{t}" for i in range(c.first_shared_layer, c.num_layers)
+            for n in ("k_proj", "v_proj", "k_norm", "v_norm")
+            for t in ("weight", "weight_packed", "weight_scale", "weight_shape")}
+
+
+def int4_table(table: dict[str, tuple[int, ...]], keys: list[str]) -> dict[str, tuple[int, ...]]:
+    """The name table with each of `keys` (an (O, I) weight) replaced by its int4 triple (gemma4/int4.py)."""
+    out = {}
+    for key, shape in table.items():
+        if key not in keys:
+            out[key] = shape
+            continue
+        o, i = shape
+        base = key.removesuffix("weight")
+        out |= {base + "weight_packed": (o, i // 8), base + "weight_scale": (o, i // 32), base + "weight_shape": (2,)}
+    return out
 
 
 def load_modules(model_dir: Path, parts: list[tuple[type[nn.Module], dict[str, tuple[int, ...]], str]], config: object,
@@ -229,15 +251,18 @@ def read_state_dict(
     model_dir: Path, table: dict[str, tuple[int, ...]], prefix: str, ignored: set[str],
     owned: Callable[[str], bool], dtype: torch.dtype, device: torch.device | str,
     host_keys: frozenset[str] = frozenset(), progress: Progress | None = None,
+    as_stored: frozenset[str] = frozenset(), to_int4: frozenset[str] = frozenset(),
 ) -> dict[str, torch.Tensor]:
-    """Every `prefix + key` of `table`, checked for shape and cast to dtype (floating tensors only).
+    """Every `prefix + key` of `table`, checked for shape and cast to dtype (floating tensors only, and not the
+    keys `as_stored`, which keep the file's dtype: int4 scales).
 
     `owned(name)` says which file tensors belong to this model: the others (vision, audio) are
     never read. An owned tensor that is neither in the table nor ignored is an error. Keys in
     `host_keys` keep the file's dtype and stay in host memory: views of the memory-mapped file, or pinned
     copies for a model on a GPU (a step moves only the rows it reads). Elsewhere each tensor moves to the
     device in the file's dtype and is cast there, one at a time. `progress`: a wrapper to watch the tensors
-    go by (the commands draw a bar).
+    go by (the commands draw a bar). `to_int4`: weight keys quantized as they are read (gemma4/int4.py
+    `quantize`), each replaced in the state by its int4 triple.
     """
     index = checkpoint_index(model_dir)
     missing = [prefix + k for k in table if prefix + k not in index]
@@ -265,7 +290,13 @@ def read_state_dict(
         if key in host_keys:  # a view of the file: a step reads its rows (pinning it would lock the whole table)
             state[key] = tensor
             continue
-        wanted = dtype if tensor.is_floating_point() else tensor.dtype
+        if key in to_int4:  # through a mapping of its own, as a cast below: the pages read go with it
+            words, scales = quantize(_read(_open(file), file, name))
+            base = key.removesuffix("weight")
+            state[base + "weight_packed"], state[base + "weight_scale"] = words.to(device), scales.to(device)
+            state[base + "weight_shape"] = torch.tensor(table[key], device=device)
+            continue
+        wanted = dtype if tensor.is_floating_point() and key not in as_stored else tensor.dtype
         if wanted != tensor.dtype:
             # Pages a cast reads stay resident as long as their mapping lives: read them through a
             # mapping of their own, gone with the cast, not through `handle`, which lives on in the
@@ -286,28 +317,63 @@ def file_reader(model_dir: Path, prefix: str) -> Reader:
     return read
 
 
+def check_head(model_dir: Path, prefix: str, index: dict[str, Path]) -> None:
+    """A dense `lm_head.weight` beside the text model must equal the embedding the head is tied to (§5)."""
+    if "lm_head.weight" not in index:
+        return
+    read = file_reader(model_dir, "")
+    head, embedding = read("lm_head.weight", False), read(prefix + "embed_tokens.weight", False)
+    if head.shape != embedding.shape or not all(
+            torch.equal(a, b) for a, b in zip(head.split(4096), embedding.split(4096))):  # 4096 rows at a time
+        raise CheckpointError(f"{model_dir}: lm_head.weight differs from embed_tokens.weight; a Gemma 4 head is tied "
+                              f"to its embedding, so this is not a Gemma 4 checkpoint as released")
+
+
 def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
-    progress: Progress | None = None,
+    progress: Progress | None = None, quantize: str | None = None,
 ) -> Gemma4Model:
     """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
     layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and why each
-    was taken. `progress`: a wrapper to watch the tensors read and the products prepared (`Progress`)."""
+    was taken. `progress`: a wrapper to watch the tensors read and the products prepared (`Progress`).
+    An int4 file (Google's w4a16 releases) loads its quantized layers packed; `quantize="int4"` makes a
+    floating-point file's same layers int4 as they are read (gemma4/int4.py; a no-op on an int4 file)."""
+    if quantize not in (None, "int4"):
+        raise ConfigError(f"quantize={quantize!r}: the one scheme is 'int4' (or None: as the file is)")
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
-    config, prefix = target_config(read_json(model_dir / "config.json"))
+    raw = read_json(model_dir / "config.json")
+    config, prefix = target_config(raw)
     table = target_weight_table(config)
+    index = checkpoint_index(model_dir)
+    # Which layers are int4: those the file stores packed, or with `quantize` those the releases pack.
+    if check_scheme(raw):
+        int4 = [k for k in table if is_quantized(k) and prefix + k + "_packed" in index]
+        table, to_int4 = int4_table(table, int4), frozenset()
+    else:
+        # A layer whose inputs do not fill groups of 32 stays as it is (no release has one; tiny models do).
+        int4 = [k for k in table if is_quantized(k) and table[k][1] % GROUP == 0] if quantize else []
+        to_int4 = frozenset(int4)
+    scales = frozenset(k.removesuffix("weight") + "weight_scale" for k in int4)
+    check_head(model_dir, prefix, index)
 
     def owned(name: str) -> bool:
         return name.startswith(prefix) and not name.startswith(("model.vision_tower.", "model.embed_vision.",
                                                                 "model.audio_tower.", "model.embed_audio."))
 
     host = frozenset({"embed_tokens_per_layer.weight"})  # E2B: 262144 x 8960; a step reads one row of it
-    state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device, host, progress)
+    state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device, host, progress,
+                            as_stored=scales, to_int4=to_int4)
     with torch.device("meta"):
         model = Gemma4Model(config)
+    swap_in(model, int4)
     model.load_state_dict(state, strict=True, assign=True)
+    for name, module in model.named_modules():
+        if isinstance(module, Int4Linear) and module.weight_shape.tolist() != [module.out_features,
+                                                                              module.in_features]:
+            raise CheckpointError(f"{prefix}{name}.weight_shape is {module.weight_shape.tolist()}, the config "
+                                  f"implies {[module.out_features, module.in_features]}")
     del state  # the model holds every tensor now; a cast that packing replaces must not live on here
     model.eval().requires_grad_(False)
     if fast:

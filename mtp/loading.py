@@ -106,7 +106,11 @@ def load_drafter(
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
-    cfg = drafter_config_from_dict(read_json(model_dir / "config.json"))
+    raw = read_json(model_dir / "config.json")
+    if raw.get("quantization_config") is not None:  # a scheme belongs to its own model: never the target's
+        raise ConfigError(f"{path} is a quantized assistant; assistants load in floating point only: use the bf16 "
+                          f"assistant (for a QAT target, its -qat-q4_0-unquantized-assistant)")
+    cfg = drafter_config_from_dict(raw)
     if target is not None:
         check_pair(target.config, cfg, "the target given", str(path))
     table = drafter_weight_table(cfg)

@@ -9,17 +9,22 @@ pages a mapping has read stay resident as long as it lives, and the model's view
   dtype): a cast head keeps both.
 - Plain and stacked: the parameters become views of the stacked rows, so again one copy is held.
 - Plain and alone: the parameter itself is multiplied, as loaded.
+- Int4 (gemma4/fast/int4.py): the kernel's packed copy is made from the file's words and scales, read through
+  a mapping of their own; the layer's buffers stay unread views. A layer quantized at load has no file words:
+  its own buffers are read, and both copies are held.
 """
 
 import torch
 from torch import nn
 
 from gemma4.fast.experts import gather_experts
+from gemma4.fast.int4 import FastInt4Linear, Int4Product, int4_product
 from gemma4.fast.kernels import Choice, Product, choose, forced
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.fast.norms import FastRMSNorm
 from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.fast.staging import StagedRows
+from gemma4.int4 import Int4Linear
 from gemma4.model import MLP, Attention, Gemma4Model
 from gemma4.norms import RMSNorm
 from gemma4.weights import Progress, Reader
@@ -39,7 +44,7 @@ def groups(model: nn.Module) -> list[tuple[str, list[str]]]:
         out.append((name, [f"{name}.{child}.weight" for child in children]))
         stacked |= {f"{name}.{child}" for child in children}
     return out + [(name, [name + ".weight"]) for name, m in model.named_modules()
-                  if isinstance(m, nn.Linear) and name not in stacked]
+                  if isinstance(m, (nn.Linear, Int4Linear)) and name not in stacked]
 
 
 def _replace_parameter(model: nn.Module, key: str, tensor: torch.Tensor) -> None:
@@ -64,6 +69,12 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
     for name, keys in todo if progress is None else progress(todo, "preparing the speed layer", len(todo)):
+        if isinstance(model.get_submodule(keys[0].removesuffix(".weight")), Int4Linear):
+            product, choice = int4_group(model, [key.removesuffix(".weight") for key in keys], read)
+            choices.setdefault((choice.shape, choice.dtype), choice)
+            if product is not None:
+                _swap_product(model, name, product)
+            continue
         parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
         # On the CPU, the file's tensors through mappings of their own (see above); on a GPU, the parameters
         # already there: nothing is read or uploaded twice.
@@ -90,15 +101,10 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
         else:  # as loaded: a view of the file, or the cast copy
             product = Product(parts[0], False, onednn=choice.onednn, choice=choice)
         del values
-        module = model.get_submodule(name)
         if is_head:
             _swap(model, name, FastHead(product))
-        elif isinstance(module, Attention):
-            _swap(model, name, StackedAttention.replacing(module, product))
-        elif isinstance(module, MLP):
-            _swap(model, name, StackedMLP.replacing(module, product))
         else:
-            _swap(model, name, FastLinear(module, product))
+            _swap_product(model, name, product)
     for name, module in list(model.named_modules()):
         if type(module) is RMSNorm:  # the same weight, normed in fewer calls (gemma4/fast/norms.py)
             _swap(model, name, FastRMSNorm(module))
@@ -108,6 +114,36 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     if device == "cuda":
         choose_attention()
     return list(choices.values())
+
+
+def _swap_product(model: nn.Module, name: str, product: Product | Int4Product) -> None:
+    """The fast module for `name` (an attention, an MLP, or one linear layer) multiplying by `product`."""
+    module = model.get_submodule(name)
+    if isinstance(module, Attention):
+        _swap(model, name, StackedAttention.replacing(module, product))
+    elif isinstance(module, MLP):
+        _swap(model, name, StackedMLP.replacing(module, product))
+    elif isinstance(module, Int4Linear):
+        _swap(model, name, FastInt4Linear(module, product))
+    else:
+        _swap(model, name, FastLinear(module, product))
+
+
+def int4_group(model: nn.Module, names: list[str], read: Reader) -> tuple[Int4Product | None, Choice]:
+    """The int4 layers `names` (stacked by rows when several) as one int4 product, in the model's dtype."""
+    dtype = model.embed_tokens.weight.dtype  # the activations' dtype: only a target has int4 layers
+    words, scales = [], []
+    for name in names:
+        layer = model.get_submodule(name)
+        for stored, out in ((f"{name}.weight_packed", words), (f"{name}.weight_scale", scales)):
+            tensor = getattr(layer, stored.rpartition(".")[2])
+            if tensor.device.type == "cpu":
+                try:  # the file's own tensor through a mapping of its own (see above)
+                    tensor = read(stored, False)
+                except KeyError:  # quantized at load: not in the file
+                    pass
+            out.append(tensor.to(layer.weight_packed.device))
+    return int4_product(torch.cat(words), torch.cat(scales), dtype)  # (O1 + O2 + .., I/8), (O1 + .., G)
 
 
 def for_a_device(model: nn.Module, pin: bool) -> None:
@@ -130,12 +166,12 @@ def choose_attention(cudnn: bool = False) -> None:
     torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
-def products(model: nn.Module) -> list[Product]:
+def products(model: nn.Module) -> list[Product | Int4Product]:
     """Every prepared product of a fast model, in module order."""
     out = []
     for module in model.modules():
         for attribute in ("product", "qkv", "gate_up"):
-            if isinstance(getattr(module, attribute, None), Product):
+            if isinstance(getattr(module, attribute, None), (Product, Int4Product)):
                 out.append(getattr(module, attribute))
     return out
 

@@ -24,7 +24,9 @@ import torch
 VERIFY_ROWS = 5  # K + 1 for the default K = 4: the rows of the default verify
 PACK_MIN = 2 ** 20  # elements (4 MiB in float32): from here on a packed weight is packed; below it, plain
 NO_KERNEL = "no oneDNN kernel for this device or dtype"
-KERNELS = ("mkl", "onednn", "packed")  # torch.matmul, oneDNN on the plain weight, oneDNN on its packed copy
+# torch.matmul, oneDNN on the plain weight, oneDNN on its packed copy; and for int4 weights (gemma4/fast/int4.py)
+# torch's int4 kernel, or the textbook layer dequantizing each call.
+KERNELS = ("mkl", "onednn", "packed", "int4", "dequantize")
 ROWS_HINT = 8  # the row count oneDNN picks its layout for: verifies multiply 2-9 rows, a decode step 1
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 

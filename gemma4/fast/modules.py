@@ -18,6 +18,7 @@ Shape legend: B batch, T new tokens, H query heads, K kv heads, D head dim, E hi
 import torch
 from torch import nn
 
+from gemma4.fast.int4 import Int4Product
 from gemma4.fast.kernels import Product
 from gemma4.model import MLP, Attention, LayerInputs, apply_rope
 from gemma4.fast.norms import fast_rms_norm
@@ -29,6 +30,11 @@ FOR_INFERENCE = "this model's products are prepared for inference: load it with 
 def check_inference(weight: torch.Tensor) -> None:
     if weight.requires_grad and torch.is_grad_enabled():
         raise RuntimeError(FOR_INFERENCE)
+
+
+def trainable(linear: nn.Module) -> torch.Tensor:
+    """The tensor a training run would ask gradients of: an `nn.Linear`'s weight (an int4 layer's scales)."""
+    return linear.weight if isinstance(linear, nn.Linear) else linear.weight_scale
 
 
 class FastLinear(nn.Module):
@@ -64,17 +70,17 @@ def adopt(cls: type, plain: nn.Module) -> nn.Module:
 
 class StackedAttention(Attention):
     @classmethod
-    def replacing(cls, plain: Attention, qkv: Product) -> "StackedAttention":
+    def replacing(cls, plain: Attention, qkv: Product | Int4Product) -> "StackedAttention":
         fast = adopt(cls, plain)
         h, k, d = plain.num_heads, plain.kv_heads, plain.head_dim
         ones = torch.ones(k, d, dtype=plain.q_norm.weight.dtype, device=plain.q_norm.weight.device)
-        fast.qkv = qkv
+        fast.qkv, fast.trained = qkv, trainable(plain.q_proj)
         fast.norms = torch.cat([plain.q_norm.weight.expand(h, d), plain.k_norm.weight.expand(k, d), ones])  # (H+2K, D)
         return fast
 
     def project(self, x: torch.Tensor, inp: LayerInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """As Attention.project: q (B, T, H, D), k, v (B, K, T, D), with one product, one norm, one rotation."""
-        check_inference(self.q_proj.weight)
+        check_inference(self.trained)
         b, t, _ = x.shape
         h, kv = self.num_heads, self.kv_heads
         qkv = self.qkv(x).view(b, t, -1, self.head_dim)  # (B, T, H+2K, D), or (B, T, H+K, D) on K=V layers
@@ -87,12 +93,12 @@ class StackedAttention(Attention):
 
 class StackedMLP(MLP):
     @classmethod
-    def replacing(cls, plain: MLP, gate_up: Product) -> "StackedMLP":
+    def replacing(cls, plain: MLP, gate_up: Product | Int4Product) -> "StackedMLP":
         fast = adopt(cls, plain)
-        fast.gate_up, fast.width = gate_up, plain.gate_proj.out_features
+        fast.gate_up, fast.width, fast.trained = gate_up, plain.gate_proj.out_features, trainable(plain.gate_proj)
         return fast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_inference(self.gate_proj.weight)
+        check_inference(self.trained)
         gate_up = self.gate_up(x)  # (B, T, 2W): gate's columns, then up's
         return self.down_proj(gelu(gate_up[..., :self.width]) * gate_up[..., self.width:])

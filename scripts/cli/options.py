@@ -45,6 +45,7 @@ from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, chat_template, needs_empty
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES
 from gemma4.audio.wav import AudioError
 from gemma4.vision.prompt import ImageError
+from gemma4.int4 import check_scheme
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
@@ -112,6 +113,7 @@ class ModelFlags:
     show_drafts: bool
     compile: bool
     reference: bool
+    quantize: str | None
     prefill_chunk: int | None
     image_tokens: int | None
 
@@ -164,6 +166,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", action="store_true",
                    help="run exactly the textbook's modules: both models loaded with fast=False, without the speed "
                         "layer (gemma4/fast/), the same tokens, slower (default: the speed layer)")
+    p.add_argument("--quantize", choices=["int4"],
+                   help="int4: the target's projections quantized as they load, in the layout and by the recipe of "
+                        "Google's w4a16 releases (about 0.28 of their bfloat16 bytes; the drafter stays as it is). "
+                        "An int4 checkpoint loads as int4 without it (default: as the checkpoint is)")
     p.add_argument("--prefill-chunk", metavar="C", type=int,
                    help=f"run a prompt (a chat turn's new text) in forwards of at most C positions: a prefill's "
                         f"memory then grows with the prompt only through the full layers' cache "
@@ -319,6 +325,14 @@ def watched(name: str, quiet: bool) -> Callable:
     return lambda items, what, total: progress(items, f"{name}: {what}", total, quiet)
 
 
+def int4_note(model: torch.nn.Module, target_dir: Path) -> str:
+    """The header's word on int4 layers: how many, and whether the file or --quantize made them."""
+    layers = sum(hasattr(module, "weight_packed") for module in model.modules())
+    if not layers:
+        return ""
+    return f", {layers} int4 layers{'' if check_scheme(read_json(target_dir / 'config.json')) else ' quantized at load'}"
+
+
 def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Path = DEMO_TARGET,
                      raw: bool = False, quiet: bool = False) -> tuple[Target, torch.device, torch.dtype]:
     """Device, dtype and the target, with the sampling settings resolved and checked. `say` prints one
@@ -333,13 +347,14 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Pat
     sampler, from_file = sampler_from(a, target_dir)  # before the weights load: a refusal costs nothing
     if raw and not has_chat_template(target_dir):
         refuse("--raw", f"{name} has no chat template, so --prompt is sent as it is already: drop --raw")
-    model = load_target(target_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet))
+    model = load_target(target_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet),
+                        quantize=a.quantize)
     use_threads(model.config.hidden_size, a.threads)  # the one thread rule (cli/threads.py)
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
     stops = [] if a.ignore_eos else stop_ids(target_dir)
     say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
         f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'}"
-        f"{', --reference: the textbook modules' if a.reference else ''})")
+        f"{int4_note(model, target_dir)}{', --reference: the textbook modules' if a.reference else ''})")
     target = Target(name, target_dir, model, tokenizer, chat=has_chat_template(target_dir),
                     empty_thought=needs_empty_thought(model.config, chat_template(target_dir)), stops=stops,
                     sampler=sampler, from_file=from_file)
