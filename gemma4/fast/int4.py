@@ -55,28 +55,30 @@ class Int4Product:
         o, i = words.shape[0], words.shape[1] * 8
         self.shape, self.dtype, self.in_features = (o, i), dtype, i
         self.kernel = int4_kernel(o, i, dtype, words.device)  # "cpu" or "cuda"
+        # Not oneDNN's: nothing for `--compile`'s preparation to make plain (gemma4/fast/static.py).
+        self.packed, self.onednn = False, (False, False)
         stored = unpack(words).to(torch.int32) + OFFSET  # (O, I) the nibbles again, 0..15
         # (G, O, 2): each group's scale, and a zero of 0 (the scheme is symmetric).
         sz = torch.stack([scales.t(), torch.zeros_like(scales.t())], dim=-1).to(dtype).contiguous()
         if self.kernel == "cpu":
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(stored, 1)
+            self.layout = torch.ops.aten._convert_weight_to_int4pack_for_cpu(stored, 1)
         else:
             pairs = (stored[:, ::2] << 4 | stored[:, 1::2]).to(torch.uint8)  # (O, I/2): element 2j high, 2j+1 low
-            self.packed = torch.ops.aten._convert_weight_to_int4pack(pairs, inner_tiles(i))
+            self.layout = torch.ops.aten._convert_weight_to_int4pack(pairs, inner_tiles(i))
         self.sz = sz
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (..., I) -> (..., O)."""
         rows = x.reshape(-1, self.in_features)  # (N, I)
         if self.kernel == "cpu":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP, self.sz)
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.layout, GROUP, self.sz)
         else:
-            out = torch.ops.aten._weight_int4pack_mm(rows, self.packed, GROUP, self.sz)
+            out = torch.ops.aten._weight_int4pack_mm(rows, self.layout, GROUP, self.sz)
         return out.view(*x.shape[:-1], self.shape[0])  # (N, O) -> (..., O)
 
     def nbytes(self) -> int:
         """The bytes this product holds: the packed weight and its scales and zeros."""
-        return self.packed.numel() * self.packed.element_size() + self.sz.numel() * self.sz.element_size()
+        return self.layout.numel() * self.layout.element_size() + self.sz.numel() * self.sz.element_size()
 
 
 def int4_product(words: Tensor, scales: Tensor, dtype: torch.dtype) -> tuple[Int4Product | None, Choice]:

@@ -16,7 +16,7 @@ A script uses them in this order: `add_model_options(parser)`, `flags = ModelFla
 settings, stop ids) and `load_assistant_from(flags, target, ...)`; `sampling_line` is the header line.
 
 The assistant's lookup rule (no `--assistant`): a Hub id ORG/NAME pairs with ORG/NAME-assistant, as the
-releases do; a directory DIR with DIR-assistant beside it, or else, for a directory named `target`,
+releases do (an int4 release ORG/X-qat-w4a16-ct with the bf16 ORG/X-qat-q4_0-unquantized-assistant); a directory DIR with DIR-assistant beside it, or else, for a directory named `target`,
 with its sibling `assistant` (the demo's layout).
 """
 
@@ -67,8 +67,9 @@ generation_config.json (do_sample, temperature, top_k, top_p; the releases sampl
 top-p 0.95, the demo decodes greedy); --temperature 0 is greedy. Every other default is the same for
 every model. A flag that would have no effect in the given combination (e.g. --seed on a greedy run,
 --schedule with --no-assistant) is refused with one line and exit status 2.
-assistant: without --assistant, a Hub id ORG/NAME pairs with ORG/NAME-assistant; a directory DIR with
-DIR-assistant beside it, or else (a directory named target) with its sibling directory assistant."""
+assistant: without --assistant, a Hub id ORG/NAME pairs with ORG/NAME-assistant (the int4 release
+ORG/X-qat-w4a16-ct with ORG/X-qat-q4_0-unquantized-assistant); a directory DIR with DIR-assistant
+beside it, or else (a directory named target) with its sibling directory assistant."""
 
 
 class UsageError(ValueError):
@@ -287,10 +288,16 @@ def sampler_from(a: ModelFlags, target_dir: Path) -> tuple[SamplerConfig, str]:
     return sampler, ", ".join(taken)
 
 
+QAT_INT4, QAT_ASSISTANT = "-qat-w4a16-ct", "-qat-q4_0-unquantized-assistant"
+
+
 def default_assistant(target: str) -> tuple[str, str]:
     """The assistant a target pairs with when --assistant is not given, and the rule that chose it."""
     path = Path(target).expanduser()
     if not path.is_dir():
+        if target.rstrip("/").endswith(QAT_INT4):  # the int4 release pairs with the bf16 QAT assistant
+            return (target.rstrip("/").removesuffix(QAT_INT4) + QAT_ASSISTANT,
+                    f"a '{QAT_INT4}' Hub id pairs with '{QAT_ASSISTANT}'")
         return target.rstrip("/") + "-assistant", "the target's Hub id + '-assistant'"
     beside = path.parent / (path.resolve().name + "-assistant")
     if not beside.is_dir() and path.resolve().name == "target" and (path.parent / "assistant").is_dir():
