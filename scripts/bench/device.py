@@ -26,7 +26,9 @@ tried only with --device-compile), `costs` (costs.cost_section: (K+1)-token veri
 draft step / decode), `syncs` (syncs.per_step: host reads and, on CUDA, synchronisations per step and per
 round), `equal` (float32 load: speculative == plain greedy, and argmax-drafted keyed sampling == plain
 sampling, tokens `==`), on `e2b` `parity` (the first forward's logits against transformers' in
-bfloat16, and both against ours in float32), and on `26b_layers` `experts` (a decode step and a verify of K + 1
+bfloat16, and both against ours in float32) and `int4` (the target quantized at load: the speed layer's int4
+kernels against the textbook's int4 layers, logits and greedy tokens, speculative == plain on it, and its decode
+step against the bf16 one's), and on `26b_layers` `experts` (a decode step and a verify of K + 1
 rows with the experts gathered on the device, as the loaders give a GPU, against the loop that asks the host for
 them, gemma4/fast/experts.py: which one the device should run). `compiled` (with --device-compile) runs the
 static-shape decode step of `--compile` (gemma4/fast/static.py; CUDA graphs on CUDA) and records its warm-up.
@@ -53,7 +55,7 @@ from bench.random_pair import assistant_config, e2b_configs, pair_bytes, random_
 from bench.syncs import SAMPLED, per_step
 from bench.timing import Clock, interleaved, prefilled
 from gemma4 import greedy_generate, load_target, sample_generate
-from gemma4.fast.apply import choose_attention
+from gemma4.fast.apply import choose_attention, kernels_of
 from gemma4.fast.experts import GatheredExperts, gather_experts
 from gemma4.fast.modules import adopt
 from gemma4.fast.static import StaticKVCache, StaticTarget, prepare_to_compile
@@ -363,6 +365,30 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
             choose_attention(False)  # as loaded
         return result
 
+    def int4() -> dict[str, Any]:
+        """The target quantized at load (`quantize="int4"`) in bfloat16: the speed layer's int4 products on this
+        device (gemma4/fast/int4.py) against the textbook's layers, and its decode step against the bf16 one's."""
+        plain_target, drafter = pair(BF16)
+        fast = load_target(t_dir, BF16, device, fast=True, quantize="int4")
+        textbook = load_target(t_dir, BF16, device, quantize="int4")
+        with torch.inference_mode():
+            diff = (fast.run(torch.tensor([prompt])).logits - textbook.run(torch.tensor([prompt])).logits).abs().max()
+        kernels = sorted({c.kernels[0] for c in kernels_of(fast)})
+        tokens_fast, tokens_textbook = greedy_generate(fast, prompt, tokens), greedy_generate(textbook, prompt, tokens)
+        spec = speculative_generate(fast, drafter, prompt, tokens, DraftLength(K))
+        del textbook
+        rates = {}
+        for name, target in (("bf16", plain_target), ("int4", fast)):
+            cache, _ = prefilled(target, prompt, 1)
+            ids, at = torch.tensor([prompt[-1:]]), torch.tensor([len(prompt)])
+            step = torch.inference_mode()(lambda target=target, cache=cache, ids=ids, at=at: target.run(ids, cache, at))
+            s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
+            rates[name] = 1 / sorted(s["step"])[len(s["step"]) // 2]
+        return {"kernels": kernels, "max_abs_logit_diff_vs_textbook": float(diff),
+                "greedy_equal_textbook": tokens_fast == tokens_textbook,
+                "speculative_equal_plain": spec.tokens == tokens_fast,
+                "step_tokens_per_s": rates, "int4_over_bf16": rates["int4"] / rates["bf16"]}
+
     def experts() -> dict[str, Any]:
         """Seconds of a decode step and a verify of K + 1 rows, and host reads a plain step, experts gathered
         (as loaded off the CPU) and looped (as on a CPU)."""
@@ -400,6 +426,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
     if parity:  # the e2b pair: the rounds at full acceptance, cuDNN's attention on and off (bfloat16)
         attempt(out, "full_acceptance", full_acceptance, save)
         attempt(out, "cudnn", cudnn, save)
+        attempt(out, "int4", int4, save)
     models.pop(BF16, None)  # freed before the float32 pair loads
     attempt(out, "equal", equal, save)
     if parity:  # and the command end to end, in a process of its own
