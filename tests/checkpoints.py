@@ -424,6 +424,7 @@ def write_target(
     images: bool = False,
     both_ways: bool | None = None,
     audio: bool = False,
+    ple_width: int | None = None,
 ) -> Path:
     """Write a tiny target checkpoint to `path` and return it.
 
@@ -434,6 +435,8 @@ def write_target(
     audio: an audio side (`_tiny_audio_config`: E2B's conformer, or the 12B's frame embedder for the unified shapes)
     with finite clip bounds, MEDIA_IDS inside the vocabulary and the feature extractor's settings beside it; the
     text tensors (and with `images` the image tensors) are those without audio. Needs multimodal.
+    ple_width: the Per-Layer Embedding width of a PLE shape in place of its own (an int4 file, whose projections
+    are quantized in groups of 32 inputs, needs a multiple of 32: tests/int4_checkpoints.py).
 
     multimodal: `Gemma4ForConditionalGeneration` (model_type gemma4, text under `text_config`, tensors
     `model.language_model.*`, plus a tiny vision tower); else
@@ -442,6 +445,8 @@ def write_target(
     """
     path = Path(path)
     text_config = target_text_config(shape)
+    if ple_width is not None:
+        text_config.hidden_size_per_layer_input = ple_width
     if both_ways is not None:
         text_config.use_bidirectional_attention = "vision" if both_ways else None
     unified = shape in UNIFIED
