@@ -66,6 +66,8 @@ def check_scheme(raw: dict) -> bool:
     if len(groups) != 1:
         refuse(f"{len(groups)} config groups, expected one")
     group = next(iter(groups.values()))
+    if group.get("format") not in (None, "pack-quantized"):
+        refuse(f"the group's format {group.get('format')!r} is not read here")
     w = group.get("weights") or {}
     wanted = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": GROUP}
     for key, value in wanted.items():

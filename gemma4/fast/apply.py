@@ -74,6 +74,9 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
             choices.setdefault((choice.shape, choice.dtype), choice)
             if product is not None:
                 _swap_product(model, name, product)
+            else:  # the textbook layers stay, and carry the decision for `kernels_of`
+                for key in keys:
+                    model.get_submodule(key.removesuffix(".weight")).choice = choice
             continue
         parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
         # On the CPU, the file's tensors through mappings of their own (see above); on a GPU, the parameters
@@ -181,4 +184,7 @@ def kernels_of(model: nn.Module) -> list[Choice]:
     seen: dict[tuple[tuple[int, ...], str], Choice] = {}
     for product in products(model):
         seen.setdefault((product.choice.shape, product.choice.dtype), product.choice)
+    for module in model.modules():  # int4 layers no kernel takes (gemma4/fast/int4.py)
+        if isinstance(module, Int4Linear) and hasattr(module, "choice"):
+            seen.setdefault((module.choice.shape, module.choice.dtype), module.choice)
     return list(seen.values())

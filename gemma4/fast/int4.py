@@ -10,7 +10,7 @@ floating-point copy of a weight is ever formed (the textbook's `Int4Linear`, gem
   element in the high nibble (the file's words put it in the low one), and `_weight_int4pack_mm` multiplies
   bfloat16 activations only. Needs O a multiple of 8 and I of 16 · tiles (tiles 8, 4 or 2).
 - Elsewhere (other sizes, float32 on CUDA, another device) the layer stays the textbook's, which dequantizes
-  each call; the decision and its reason are among those `make_fast` returns.
+  each call; the decision and its reason are among those `make_fast` returns and `kernels_of` lists.
 - Bytes: the packed copy is half a byte a weight, and sz holds a zero beside every scale in x's dtype:
   0.125 bytes a weight in bfloat16 (all told 0.31 of bfloat16's two bytes), 0.25 in float32 (0.375). The
   textbook's buffers stay as the loader left them: on the CPU unread views of the file's pages, which the

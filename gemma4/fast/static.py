@@ -146,15 +146,18 @@ def plain_products(model: nn.Module, head: torch.Tensor) -> None:
     lowers oneDNN's product only on weights it packed itself, and fails on the op given to it. The same numbers,
     summed in another order (gemma4/fast/README.md)."""
     for module in model.modules():
-        if isinstance(module, StackedAttention):
-            name, weights = "qkv", [module.q_proj.weight, module.k_proj.weight]
-            weights += [module.v_proj.weight] if module.has_v_proj else []
-        elif isinstance(module, StackedMLP):
-            name, weights = "gate_up", [module.gate_proj.weight, module.up_proj.weight]
-        elif isinstance(module, (FastLinear, FastHead)):
-            name, weights = "product", [module.weight if isinstance(module, FastLinear) else head]
-        else:
+        name = {StackedAttention: "qkv", StackedMLP: "gate_up", FastLinear: "product", FastHead: "product"}.get(
+            type(module))
+        # int4 products (gemma4/fast/int4.py) are torch's own int4 op, which inductor lowers as it is.
+        if name is None or not (getattr(module, name).packed or any(getattr(module, name).onednn)):
             continue
+        if isinstance(module, StackedAttention):
+            weights = [module.q_proj.weight, module.k_proj.weight] + ([module.v_proj.weight] if module.has_v_proj
+                                                                       else [])
+        elif isinstance(module, StackedMLP):
+            weights = [module.gate_proj.weight, module.up_proj.weight]
+        else:
+            weights = [module.weight if isinstance(module, FastLinear) else head]
         product = getattr(module, name)
         if product.packed:  # its parameters may still be the file's dtype: cast to the product's
             stacked = torch.cat(weights) if len(weights) > 1 else weights[0]  # (O1 + O2 + .., I)

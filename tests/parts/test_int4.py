@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from gemma4 import CheckpointError, ConfigError, load_target
-from gemma4.fast import products
+from gemma4.fast import kernels_of, products
 from gemma4.fast.int4 import Int4Product
 from gemma4.int4 import Int4Linear, check_scheme, dequantize, is_quantized, pack, quantize, unpack
 from mtp import load_drafter
@@ -151,6 +151,7 @@ OTHER_SCHEMES = {
     "quantized KV cache": lambda q: q.__setitem__(
         "kv_cache_scheme", {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor"}),
     "other method": lambda q: q.__setitem__("quant_method", "gptq"),
+    "the group's own format": lambda q: q["config_groups"]["group_0"].__setitem__("format", "float-quantized"),
 }
 
 
@@ -195,6 +196,16 @@ def test_quantize_at_load_leaves_narrow_layers_float(tmp_path: Path) -> None:
     assert sum(isinstance(m, Int4Linear) for m in model.modules()) == 1 + 8 * 6 + 5 * 2
     with pytest.raises(ConfigError, match="int4"):
         load_target(tmp_path, quantize="int8")
+
+
+
+def test_the_speed_layer_reports_the_layers_no_kernel_takes(tmp_path: Path) -> None:
+    """The 8-row per_layer_input_gate fits no int4 kernel (the CPU one needs rows in sixteens): it stays the
+    textbook's layer, and `kernels_of` lists that decision beside the kernels'."""
+    model = load_target(write_target(tmp_path, "e2b"), quantize="int4", fast=True)
+    decisions = {c.shape: c.kernels for c in kernels_of(model) if c.dtype.startswith("int4")}
+    assert decisions[(8, 64)] == ("dequantize", "dequantize") and decisions[(64, 64)] == ("int4", "int4")
+    assert isinstance(model.layers[0].per_layer_input_gate, Int4Linear)
 
 
 def edited(src: Path, dst: Path, edit) -> Path:  # noqa: ANN001 (a function editing the tensors)
