@@ -74,13 +74,13 @@ class StackedAttention(Attention):
         fast = adopt(cls, plain)
         h, k, d = plain.num_heads, plain.kv_heads, plain.head_dim
         ones = torch.ones(k, d, dtype=plain.q_norm.weight.dtype, device=plain.q_norm.weight.device)
-        fast.qkv, fast.trained = qkv, trainable(plain.q_proj)
+        fast.qkv = qkv
         fast.norms = torch.cat([plain.q_norm.weight.expand(h, d), plain.k_norm.weight.expand(k, d), ones])  # (H+2K, D)
         return fast
 
     def project(self, x: torch.Tensor, inp: LayerInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """As Attention.project: q (B, T, H, D), k, v (B, K, T, D), with one product, one norm, one rotation."""
-        check_inference(self.trained)
+        check_inference(trainable(self.q_proj))
         b, t, _ = x.shape
         h, kv = self.num_heads, self.kv_heads
         qkv = self.qkv(x).view(b, t, -1, self.head_dim)  # (B, T, H+2K, D), or (B, T, H+K, D) on K=V layers
@@ -95,10 +95,10 @@ class StackedMLP(MLP):
     @classmethod
     def replacing(cls, plain: MLP, gate_up: Product | Int4Product) -> "StackedMLP":
         fast = adopt(cls, plain)
-        fast.gate_up, fast.width, fast.trained = gate_up, plain.gate_proj.out_features, trainable(plain.gate_proj)
+        fast.gate_up, fast.width = gate_up, plain.gate_proj.out_features
         return fast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_inference(self.trained)
+        check_inference(trainable(self.gate_proj))
         gate_up = self.gate_up(x)  # (B, T, 2W): gate's columns, then up's
         return self.down_proj(gelu(gate_up[..., :self.width]) * gate_up[..., self.width:])
