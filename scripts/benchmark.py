@@ -47,6 +47,12 @@ Sections (`--only a,b`):
   positions, every position kept against the sliding layers' rings; peak RSS of a prefill on random E2B- and
   31B-geometry targets, chunked against one forward; decode and speculative tokens/s after 1k-16k prompts
   (`--context-small` shrinks it for the tests; `--context-before-max` caps the one-forward prefills).
+- `int4` (scripts/bench/int4.py), only when named: int4 targets in the layout of Google's w4a16 releases. At E2B's
+  dimensions (the bf16 section's pair and its target rewritten once as a release stores it, ≈ 6.6 GB more), plain
+  tokens/s int4 / bf16 and each decode step against its bandwidth bound, and ours against transformers +
+  compressed-tensors on the int4 file; the demo pair quantized at load, speculative / plain against the float pair's;
+  with `--int4-31b`, a random 31B-geometry int4 file (≈ 19 GB, written and deleted in the run) loaded with
+  fast=False and fast=True in fresh processes: resident memory and seconds a forward (`--int4-small`: tiny sizes).
 - `audio` (scripts/bench/audio.py), only when named: E2B's audio tower + embed_audio (random weights of the real
   geometry) encoding a 30 s clip (`--audio-seconds`), bfloat16 and float32: log-mel features and tower times,
   soft tokens per second and seconds of audio encoded per second, the peak resident memory of one encode in a
@@ -94,6 +100,7 @@ from bench.batch import DEMO_PROMPTS, MOE_HIDDEN, batch_goal, batch_section, bat
 from bench.context import context_goals, context_section, context_table
 from bench.costs import MAX_K, bandwidth_section, cost_section  # noqa: F401 (MAX_K: the tests read it here)
 from bench.device import DEVICE_DIR, device_section, device_table, small_e2b_configs
+from bench.int4 import int4_goals, int4_section, int4_table, small_e2b
 from bench.memory import memory_section
 from bench.random_pair import (bench_configs, e2b_configs, is_written, pair_bytes, random_prompt, text_prompt,
                                write_pair)
@@ -112,7 +119,7 @@ from gemma4.model import Gemma4Model
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate
 
 SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling", "schedule")
-ON_REQUEST = ("device", "context", "audio")  # run only when --only names them
+ON_REQUEST = ("device", "context", "audio", "int4")  # run only when --only names them
 DEMO = Path(__file__).resolve().parent / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -128,7 +135,7 @@ Plan = dict[Path, tuple[tuple[dict[str, Any], dict[str, Any]], torch.dtype]]
 
 
 def checkpoints(sections: list[str] | tuple[str, ...], e2b_dir: Path, sampling_vocab: int = FULL_VOCAB,
-                e2b_tokens: int = 1, context_small: bool = False) -> Plan:
+                e2b_tokens: int = 1, context_small: bool = False, int4_small: bool = False) -> Plan:
     """The random pairs these sections write under --e2b-dir (each once: a later run reuses it): root -> (configs,
     dtype). The device section writes its own under --device-dir and says so; the schedule section's drafter is
     a copy of the demo's, small."""
@@ -139,8 +146,10 @@ def checkpoints(sections: list[str] | tuple[str, ...], e2b_dir: Path, sampling_v
         pairs[e2b_dir / "float32"] = e2b_configs(E2B_VOCAB), torch.float32
     if "memory" in sections:
         pairs[e2b_dir / "bfloat16"] = e2b_configs(E2B_VOCAB), torch.bfloat16
-    if "bf16" in sections:
+    if "bf16" in sections or ("int4" in sections and not int4_small):
         pairs[e2b_dir / "bfloat16-full"] = e2b_configs(FULL_VOCAB), torch.bfloat16
+    if "int4" in sections and int4_small:
+        pairs[e2b_dir / "int4-small-bf16"] = small_e2b(), torch.bfloat16
     if "sampling" in sections and e2b_tokens:
         pairs[sampling_root(e2b_dir, sampling_vocab)] = e2b_configs(sampling_vocab), torch.bfloat16
     if "context" in sections:
@@ -256,7 +265,8 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
          use_transformers: bool, sampling_vocab: int = FULL_VOCAB, device: str = "cpu", device_dir: Path = DEVICE_DIR,
          device_small: bool = False, device_compile: bool = False, context_small: bool = False,
          context_before_max: int | None = None, out_dir: Path | None = None, audio_seconds: float = 30.0,
-         audio_reps: int = 3, audio_small: bool = False, quiet: bool = False) -> dict:
+         audio_reps: int = 3, audio_small: bool = False, int4_small: bool = False, int4_31b: bool = False,
+         int4_31b_tokens: int = 2, quiet: bool = False) -> dict:
     """The run's result object (what --json prints). `threads`: --threads, else each section's by the one thread
     rule (bench/timing.py `section_threads`); `quiet`: no progress bars (--json). torch's thread count is given
     back as it was."""
@@ -266,7 +276,7 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
         return run_sections(
             sections, target_dir, assistant_dir, tokens, e2b_tokens, reps, e2b_reps, k, e2b_dir, threads, copy_mib,
             use_transformers, sampling_vocab, device, device_dir, device_small, device_compile, context_small,
-            context_before_max, out_dir, audio_seconds, audio_reps, audio_small)
+            context_before_max, out_dir, audio_seconds, audio_reps, audio_small, int4_small, int4_31b, int4_31b_tokens)
     finally:
         torch.set_num_threads(before)
         NOW.section, NOW.quiet = "", was_quiet
@@ -276,7 +286,8 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
                  reps: int, e2b_reps: int, k: int | None, e2b_dir: Path, asked: int | None, copy_mib: int,
                  use_transformers: bool, sampling_vocab: int, device: str, device_dir: Path, device_small: bool,
                  device_compile: bool, context_small: bool, context_before_max: int | None, out_dir: Path | None,
-                 audio_seconds: float, audio_reps: int, audio_small: bool) -> dict:
+                 audio_seconds: float, audio_reps: int, audio_small: bool, int4_small: bool, int4_31b: bool,
+                 int4_31b_tokens: int) -> dict:
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch's default "
                                          f"{TORCH_THREADS} threads, torch {torch.__version__}, float32 unless stated"}
     ran: dict[str, int] = {}  # section -> the torch threads it ran with
@@ -295,7 +306,7 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
         result["machine"] += f"; models on {device}: {torch.cuda.get_device_name(clock.device)}, CUDA-event timing"
     timed = functools.partial(interleaved, clock=clock)  # the sections that take `interleaved` time on this clock
     skipped: dict[str, str] = {}
-    note = disk_note(checkpoints(sections, e2b_dir, sampling_vocab, e2b_tokens, context_small), e2b_dir)
+    note = disk_note(checkpoints(sections, e2b_dir, sampling_vocab, e2b_tokens, context_small, int4_small), e2b_dir)
     if note:
         say(note)
     demo = (target_dir / "config.json").is_file()
@@ -397,6 +408,16 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
         result["audio"] = audio_section(audio_seconds, audio_reps, audio_small, n, clock, say)
         if clock.cuda:
             skipped["audio memory"] = f"the host's resident memory of an encode: {ON_CPU_ONLY}"
+    if "int4" in sections and clock.cuda:
+        skipped["int4"] = f"int4 against bf16, transformers and host memory: {ON_CPU_ONLY}"
+    elif "int4" in sections:  # scripts/bench/int4.py: each part's threads by the rule for its model
+        NOW.section = "int4"
+        say(f"int4: int4 targets against bfloat16, transformers and memory{' (small)' if int4_small else ''}")
+        result["int4"] = int4_section(e2b_dir, target_dir, assistant_dir,
+                                      text_prompt(target_dir, DEMO_PROMPT, 24) if demo else [],
+                                      k or assistant_k(assistant_dir), tokens, reps, e2b_tokens, e2b_reps, copy_mib,
+                                      use_transformers, int4_small, int4_31b, int4_31b_tokens, asked, timed, say)
+        ran |= {f"int4 {part}": n for part, n in result["int4"]["threads"].items()}
     if clock.cuda and {"demo", "bench", "e2b", "bandwidth", "bf16"} & set(sections):
         skipped["packed products"] = f"oneDNN's packed weights: {ON_CPU_ONLY}"
     if skipped:
@@ -408,14 +429,15 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
                                               text_prompt(target_dir, DEMO_PROMPT, 24), tokens, max(reps, 3),
                                               k or assistant_k(assistant_dir), interleaved)
     result["goals"] = (goals(result) + batch_goal(result) + sampling_goals(result) + schedule_goals(result)
-                       + context_goals(result))
+                       + context_goals(result) + int4_goals(result))
     return result
 
 
 def printed(result: dict[str, Any]) -> str:
     """The table of a run's result: every section's block, the developers' goals block last."""
     blocks = (table(result), batch_table(result), sampling_table(result), device_table(result), context_table(result),
-              "\n".join(schedule_lines(result.get("schedule"))), audio_table(result), goals_table(result))
+              "\n".join(schedule_lines(result.get("schedule"))), audio_table(result), int4_table(result),
+              goals_table(result))
     return "\n".join(block for block in blocks if block)  # each block after the first opens with its blank line
 
 
@@ -477,6 +499,13 @@ if __name__ == "__main__":
                    "most the tower reads)")
     p.add_argument("--audio-reps", type=int, default=3, help="timed repetitions in the audio section")
     p.add_argument("--audio-small", action="store_true", help="the audio section at a tiny geometry, for the tests")
+    p.add_argument("--int4-small", action="store_true", help="the int4 section at tiny sizes, for the tests (its "
+                   "31b part included)")
+    p.add_argument("--int4-31b", action="store_true", help="the int4 section also writes a random 31B-geometry int4 "
+                   "file (≈ 19 GB under --e2b-dir, deleted after; minutes to write) and loads it in fresh processes, "
+                   "fast=False and fast=True: resident memory, and whether it decodes")
+    p.add_argument("--int4-31b-tokens", type=int, default=2, help="tokens each 31B load decodes (a prefill and "
+                   "N - 1 steps; fast=False dequantizes every weight each forward)")
     a = p.parse_args()
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS + ON_REQUEST))
@@ -484,6 +513,8 @@ if __name__ == "__main__":
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS + ON_REQUEST)}")
     if not 0 < a.audio_seconds <= 30:
         p.error(f"--audio-seconds {a.audio_seconds:g}: a clip of more than 0 and at most 30 s (the tower's cut)")
+    if a.int4_31b_tokens < 1:
+        p.error(f"--int4-31b-tokens {a.int4_31b_tokens}: at least 1")
     if a.audio_reps < 1:
         p.error(f"--audio-reps {a.audio_reps}: at least 1")
     if a.threads is not None and a.threads < 1:
@@ -497,5 +528,6 @@ if __name__ == "__main__":
                use_transformers=not a.no_transformers, sampling_vocab=a.sampling_vocab, device=a.device,
                device_dir=a.device_dir, device_small=a.device_small, device_compile=a.device_compile,
                context_small=a.context_small, context_before_max=a.context_before_max, out_dir=a.out,
-               audio_seconds=a.audio_seconds, audio_reps=a.audio_reps, audio_small=a.audio_small, quiet=a.json)
+               audio_seconds=a.audio_seconds, audio_reps=a.audio_reps, audio_small=a.audio_small,
+               int4_small=a.int4_small, int4_31b=a.int4_31b, int4_31b_tokens=a.int4_31b_tokens, quiet=a.json)
     print(json.dumps(out, indent=1) if a.json else printed(out))

@@ -239,6 +239,8 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
         f"K={k}" for k in range(1, 9)}
     assert e2b["cudnn"]["identical_off"] is True and e2b["cudnn"]["identical_on"] is True
     assert e2b["generate"]["identical"] is True and e2b["generate"]["eager_rounds"] is None, e2b["generate"]
+    int4 = e2b["int4"]  # quantized at load: the int4 kernel's tokens are the textbook int4 layers'
+    assert "error" not in int4 and "int4" in int4["kernels"] and int4["greedy_equal_textbook"] is True, int4
     for name in pairs:
         p = d[name]
         assert DEVICE_CHECKS | {"seconds"} <= set(p) and not any("error" in p[c] for c in DEVICE_CHECKS), p
@@ -373,3 +375,30 @@ def test_audio_section_small(tmp_path: Path) -> None:
     assert "== audio: the small audio tower" in printed and "soft tokens 50 (25 a second of audio)" in printed
     with pytest.raises(ValueError, match="audio-seconds"):
         audio.audio_section(31, 1, True, 1)  # more than the tower reads
+
+
+def test_int4_section_small(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """The int4 section (scripts/bench/int4.py) at --int4-small sizes, its 31B part included: the int4 file is
+    read by the int4 kernel, a step's int4 bytes are fewer than the bf16 model's, float32 speculative decoding on
+    the demo target quantized at load gives the plain tokens, and both 31B-geometry loads decode."""
+    result = benchmark.main(sections=["int4"], target_dir=pair[0], assistant_dir=pair[1], tokens=6, e2b_tokens=4,
+                            reps=1, e2b_reps=1, k=None, e2b_dir=tmp_path, threads=1, copy_mib=4,
+                            use_transformers=True, int4_small=True, int4_31b=True, int4_31b_tokens=2)
+    i = json.loads(json.dumps(result))["int4"]
+    e = i["e2b"]
+    assert e["int4_kernels"] == ["int4"] and e["int4"]["tokens_per_s"] > 0 and e["tf_tokens_per_s"] > 0
+    assert 0 < e["int4_bound"]["int4_bytes"] and e["int4_bound"]["bytes_per_step"] < e["bf16_bound"]["bytes_per_step"]
+    assert e["transformers"].startswith("5.22.2") and e["ours_tf_common_prefix"] >= 1
+    for dtype in ("float32", "bfloat16"):
+        d = i["demo"][dtype]
+        assert "int4" in d["int4_kernels"] and d["int4"]["acceptance_rate"] >= 0  # narrow layers: "dequantize"
+    assert i["demo"]["float32"]["int4"]["identical"] is True and i["demo"]["float32"]["float"]["identical"] is True
+    runs = i["31b"]["runs"]
+    assert set(runs) == {"textbook", "fast"} and not (tmp_path / "31b-int4-small").exists()  # deleted after
+    for name, run in runs.items():
+        assert run["stopped"] is None and len(run["tokens"]) == 2 and run["after_load"]["VmRSS"] > 0, (name, run)
+    assert runs["fast"]["int4_product_bytes"] > 0 == runs["textbook"]["int4_product_bytes"]
+    goals = {g["goal"] for g in result["goals"] if g["goal"].startswith("int4:")}
+    assert len(goals) == 5
+    printed = benchmark.int4_table(result)
+    assert "== int4: w4a16 targets" in printed and "31B geometry" in printed
