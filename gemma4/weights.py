@@ -42,6 +42,7 @@ from gemma4.config import ConfigError, TextConfig
 from gemma4.config_file import read_json, target_config, text_fields
 from gemma4.int4 import GROUP, Int4Linear, check_scheme, is_quantized, quantize, swap_in
 from gemma4.model import Gemma4Model
+from gemma4.parallel.plan import Shard, Slice, check_world, local_config, slices, table_cuts
 
 # key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
 # that lives on with the model's views (gemma4/fast/apply.py reads the file's tensors with it).
@@ -245,6 +246,20 @@ def _read(handle, file: Path, name: str) -> torch.Tensor:  # noqa: ANN001 (safet
         raise CheckpointError(f"{file} is truncated or corrupt at {name} ({e}): download it again") from None
 
 
+def _read_part(handle, file: Path, name: str, cut: "Slice | None") -> torch.Tensor:  # noqa: ANN001
+    """The tensor `name`, or only the ranges of `cut` along its dimension (a tensor-parallel rank's part,
+    gemma4/parallel/plan.py): those bytes alone are read from the file, into a tensor of their own."""
+    if cut is None:
+        return _read(handle, file, name)
+    dim, ranges = cut
+    try:
+        whole = handle.get_slice(name)
+        pieces = [whole[(slice(None),) * dim + (slice(r.start, r.stop),)] for r in ranges]
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{file} is truncated or corrupt at {name} ({e}): download it again") from None
+    return torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0]
+
+
 # ---------------------------------------------------------------- streaming into a meta model
 
 def read_state_dict(
@@ -252,6 +267,7 @@ def read_state_dict(
     owned: Callable[[str], bool], dtype: torch.dtype, device: torch.device | str,
     host_keys: frozenset[str] = frozenset(), progress: Progress | None = None,
     as_stored: frozenset[str] = frozenset(), to_int4: frozenset[str] = frozenset(),
+    cuts: "dict[str, Slice] | None" = None,
 ) -> dict[str, torch.Tensor]:
     """Every `prefix + key` of `table`, checked for shape and cast to dtype (floating tensors only, and not the
     keys `as_stored`, which keep the file's dtype: int4 scales).
@@ -262,8 +278,10 @@ def read_state_dict(
     copies for a model on a GPU (a step moves only the rows it reads). Elsewhere each tensor moves to the
     device in the file's dtype and is cast there, one at a time. `progress`: a wrapper to watch the tensors
     go by (the commands draw a bar). `to_int4`: weight keys quantized as they are read (gemma4/int4.py
-    `quantize`), each replaced in the state by its int4 triple.
+    `quantize`), each replaced in the state by its int4 triple. `cuts`: key -> the part of it this rank of a
+    tensor-parallel run reads (gemma4/parallel/plan.py), checked first against the whole tensor's shape.
     """
+    cuts = cuts or {}
     index = checkpoint_index(model_dir)
     missing = [prefix + k for k in table if prefix + k not in index]
     if missing:
@@ -286,6 +304,17 @@ def read_state_dict(
         shape = tuple(handle.get_slice(name).get_shape())
         if shape != table[key]:
             raise CheckpointError(f"tensor {name} has shape {list(shape)}, the config implies {list(table[key])}")
+        if key in cuts:  # a rank's part: read as it is cut, a tensor of its own
+            tensor = _read_part(handle, file, name, cuts[key])
+            if key in to_int4:
+                words, scales = quantize(tensor)
+                base = key.removesuffix("weight")
+                state[base + "weight_packed"], state[base + "weight_scale"] = words.to(device), scales.to(device)
+                state[base + "weight_shape"] = torch.tensor(table[key], device=device)  # the whole's, as a file's
+            else:
+                wanted = dtype if tensor.is_floating_point() and key not in as_stored else tensor.dtype
+                state[key] = tensor.to(device=device, dtype=wanted)
+            continue
         tensor = _read(handle, file, name)  # a view of the mapped file: no byte is read yet
         if key in host_keys:  # a view of the file: a step reads its rows (pinning it would lock the whole table)
             state[key] = tensor
@@ -306,14 +335,16 @@ def read_state_dict(
     return state
 
 
-def file_reader(model_dir: Path, prefix: str) -> Reader:
+def file_reader(model_dir: Path, prefix: str, cuts: "dict[str, Slice] | None" = None) -> Reader:
     """What the speed layer reads the file's tensors with: `read(key, keep)`. Each tensor through a mapping of
-    its own (`keep=False`: gone with the tensor), or through one that lives as long as the tensors kept."""
-    index, kept = checkpoint_index(model_dir), {}
+    its own (`keep=False`: gone with the tensor), or through one that lives as long as the tensors kept. `cuts`:
+    a tensor-parallel rank's parts, as `read_state_dict` takes them (read into tensors of their own)."""
+    index, kept, cuts = checkpoint_index(model_dir), {}, cuts or {}
 
     def read(key: str, keep: bool) -> torch.Tensor:
         file = index[prefix + key]
-        return _read(kept.setdefault(file, _open(file)) if keep else _open(file), file, prefix + key)
+        handle = kept.setdefault(file, _open(file)) if keep else _open(file)
+        return _read_part(handle, file, prefix + key, cuts.get(key))
     return read
 
 
@@ -331,13 +362,16 @@ def check_head(model_dir: Path, prefix: str, index: dict[str, Path]) -> None:
 
 def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
-    progress: Progress | None = None, quantize: str | None = None,
+    progress: Progress | None = None, quantize: str | None = None, shard: Shard | None = None,
 ) -> Gemma4Model:
     """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
     layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and why each
     was taken. `progress`: a wrapper to watch the tensors read and the products prepared (`Progress`).
     An int4 file (Google's w4a16 releases) loads its quantized layers packed; `quantize="int4"` makes a
-    floating-point file's same layers int4 as they are read (gemma4/int4.py; a no-op on an int4 file)."""
+    floating-point file's same layers int4 as they are read (gemma4/int4.py; a no-op on an int4 file).
+    `shard`: this process is one rank of a tensor-parallel run (gemma4/parallel/): it reads its parts of the
+    weights alone and its model reduces what they compute (Shard(0, 1): that path on one rank, as the device check
+    runs it); None is the one-process model."""
     if quantize not in (None, "int4"):
         raise ConfigError(f"quantize={quantize!r}: the one scheme is 'int4' (or None: as the file is)")
     model_dir = resolve_model_dir(path)
@@ -357,6 +391,13 @@ def load_target(
         to_int4 = frozenset(int4)
     scales = frozenset(k.removesuffix("weight") + "weight_scale" for k in int4)
     check_head(model_dir, prefix, index)
+    whole, cuts = config, None
+    if shard is not None:  # before a byte is read: the split, and the same files everywhere
+        from gemma4.parallel.group import check_same, fingerprint
+
+        check_world(config, shard.world, "target", int4_inputs=any(k.endswith("o_proj.weight") for k in int4))
+        check_same(fingerprint(model_dir), "target checkpoint")
+        cuts, config = table_cuts(slices(config, shard), table), local_config(config, shard)
 
     def owned(name: str) -> bool:
         return name.startswith(prefix) and not name.startswith(("model.vision_tower.", "model.embed_vision.",
@@ -364,22 +405,28 @@ def load_target(
 
     host = frozenset({"embed_tokens_per_layer.weight"})  # E2B: 262144 x 8960; a step reads one row of it
     state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device, host, progress,
-                            as_stored=scales, to_int4=to_int4)
+                            as_stored=scales, to_int4=to_int4, cuts=cuts)
+    # Each int4 layer's stored shape is the whole weight's; the module's is this rank's part of it.
+    shapes, local = target_weight_table(whole), target_weight_table(config)
+    for key in int4:
+        stored = state[key + "_shape"].tolist()
+        if stored != list(shapes[key]):
+            raise CheckpointError(f"{prefix}{key}_shape is {stored}, the config implies {list(shapes[key])}")
+        state[key + "_shape"] = torch.tensor(local[key], device=state[key + "_shape"].device)
     with torch.device("meta"):
         model = Gemma4Model(config)
     swap_in(model, int4)
     model.load_state_dict(state, strict=True, assign=True)
-    for name, module in model.named_modules():
-        if isinstance(module, Int4Linear) and module.weight_shape.tolist() != [module.out_features,
-                                                                              module.in_features]:
-            raise CheckpointError(f"{prefix}{name}.weight_shape is {module.weight_shape.tolist()}, the config "
-                                  f"implies {[module.out_features, module.in_features]}")
     del state  # the model holds every tensor now; a cast that packing replaces must not live on here
     model.eval().requires_grad_(False)
     if fast:
         from gemma4.fast import make_fast  # here, not at the top: the textbook's imports hold no speed layer
 
-        make_fast(model, file_reader(model_dir, prefix), ("head", "embed_tokens.weight"), progress=progress)
+        make_fast(model, file_reader(model_dir, prefix, cuts), ("head", "embed_tokens.weight"), progress=progress)
+    if cuts is not None:
+        from gemma4.parallel.reduce import parallelize
+
+        parallelize(model)
     return model
 
 

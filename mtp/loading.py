@@ -5,6 +5,7 @@ KV-shared (Q-only, no PLE, no MoE), so the target's own name table describes it,
 (E2B/E4B) the centroid head.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from gemma4.weights import (
     target_weight_table,
 )
 from gemma4.model import Gemma4Model
+from gemma4.parallel.plan import Shard, check_world, local_config, slices, table_cuts
 from mtp.drafter import Drafter, DrafterConfig
 
 
@@ -98,11 +100,12 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
 
 def load_drafter(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
-    target: Gemma4Model | None = None, progress: Progress | None = None,
+    target: Gemma4Model | None = None, progress: Progress | None = None, shard: Shard | None = None,
 ) -> Drafter:
     """The assistant of a local directory or Hub id, in eval mode, without gradients; `fast`: the speed layer, as
     `load_target`'s (a centroid head gathers rows: it has no product). Given its `target`, the pair is checked
-    first (`check_pair`: sizes, vocabulary, K/V shapes, and a sliding window no wider than the target's)."""
+    first (`check_pair`: sizes, vocabulary, K/V shapes, and a sliding window no wider than the target's). `shard`:
+    one rank of a tensor-parallel run, as `load_target`'s (its query heads split as the target's kv heads are)."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -111,11 +114,18 @@ def load_drafter(
         raise ConfigError(f"{path} is a quantized assistant; assistants load in floating point only: use the bf16 "
                           f"assistant (for a QAT target, its -qat-q4_0-unquantized-assistant)")
     cfg = drafter_config_from_dict(raw)
-    if target is not None:
+    table, cuts = drafter_weight_table(cfg), None
+    if shard is not None:  # split as the target is: its heads read the target's local K/V
+        from gemma4.parallel.group import check_same, fingerprint
+
+        check_world(cfg.text, shard.world, "assistant")
+        check_same(fingerprint(model_dir), "assistant checkpoint")
+        cuts = table_cuts(slices(cfg.text, shard, "model.layers."), table)
+        cfg = replace(cfg, text=local_config(cfg.text, shard))
+    if target is not None:  # a rank's target is checked against its own part of the drafter
         check_pair(target.config, cfg, "the target given", str(path))
-    table = drafter_weight_table(cfg)
     state = read_state_dict(model_dir, table, "", drafter_ignored(cfg), lambda name: True, dtype, device,
-                            progress=progress)
+                            progress=progress, cuts=cuts)
     with torch.device("meta"):
         drafter = Drafter(cfg)
     drafter.load_state_dict(state, strict=True, assign=True)
@@ -125,5 +135,9 @@ def load_drafter(
         from gemma4.fast import make_fast  # here, not at the top: the textbook's imports hold no speed layer
 
         head = None if cfg.use_ordered_embeddings else ("head", "model.embed_tokens.weight")
-        make_fast(drafter, file_reader(model_dir, ""), head, progress=progress)
+        make_fast(drafter, file_reader(model_dir, "", cuts), head, progress=progress)
+    if cuts is not None:
+        from gemma4.parallel.reduce import parallelize
+
+        parallelize(drafter)
     return drafter

@@ -53,6 +53,10 @@ Sections (`--only a,b`):
   compressed-tensors on the int4 file; the demo pair quantized at load, speculative / plain against the float pair's;
   with `--int4-31b`, a random 31B-geometry int4 file (≈ 19 GB, written and deleted in the run) loaded with
   fast=False and fast=True in fresh processes: resident memory and seconds a forward (`--int4-small`: tiny sizes).
+- `tp` (scripts/bench/parallel.py), only when named: tensor parallelism on gloo. The bench pair on `--tp-ranks` N
+  ranks of one thread against one process of N threads, plain and speculative tokens/s; a random 31B-geometry
+  bfloat16 file of two layers (≈ 4.9 GB, written and deleted in the run) loaded by 1, 2 and 4 ranks: resident
+  memory a rank, and what it makes of the 60-layer 31B (`--tp-small`: tiny sizes).
 - `audio` (scripts/bench/audio.py), only when named: E2B's audio tower + embed_audio (random weights of the real
   geometry) encoding a 30 s clip (`--audio-seconds`), bfloat16 and float32: log-mel features and tower times,
   soft tokens per second and seconds of audio encoded per second, the peak resident memory of one encode in a
@@ -83,6 +87,7 @@ import argparse
 import functools
 import json
 import os
+import sys
 import platform
 import shutil
 import statistics
@@ -101,6 +106,7 @@ from bench.context import context_goals, context_section, context_table
 from bench.costs import MAX_K, bandwidth_section, cost_section  # noqa: F401 (MAX_K: the tests read it here)
 from bench.device import DEVICE_DIR, device_section, device_table, small_e2b_configs
 from bench.int4 import int4_goals, int4_section, int4_table, small_e2b
+from bench.parallel import tp_section, tp_table
 from bench.memory import memory_section
 from bench.random_pair import (bench_configs, e2b_configs, is_written, pair_bytes, random_prompt, text_prompt,
                                write_pair)
@@ -119,7 +125,7 @@ from gemma4.model import Gemma4Model
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate
 
 SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling", "schedule")
-ON_REQUEST = ("device", "context", "audio", "int4")  # run only when --only names them
+ON_REQUEST = ("device", "context", "audio", "int4", "tp")  # run only when --only names them
 DEMO = Path(__file__).resolve().parent / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -266,7 +272,7 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
          device_small: bool = False, device_compile: bool = False, context_small: bool = False,
          context_before_max: int | None = None, out_dir: Path | None = None, audio_seconds: float = 30.0,
          audio_reps: int = 3, audio_small: bool = False, int4_small: bool = False, int4_31b: bool = False,
-         int4_31b_tokens: int = 2, quiet: bool = False) -> dict:
+         int4_31b_tokens: int = 2, tp_ranks: int = 2, tp_small: bool = False, quiet: bool = False) -> dict:
     """The run's result object (what --json prints). `threads`: --threads, else each section's by the one thread
     rule (bench/timing.py `section_threads`); `quiet`: no progress bars (--json). torch's thread count is given
     back as it was."""
@@ -276,7 +282,8 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
         return run_sections(
             sections, target_dir, assistant_dir, tokens, e2b_tokens, reps, e2b_reps, k, e2b_dir, threads, copy_mib,
             use_transformers, sampling_vocab, device, device_dir, device_small, device_compile, context_small,
-            context_before_max, out_dir, audio_seconds, audio_reps, audio_small, int4_small, int4_31b, int4_31b_tokens)
+            context_before_max, out_dir, audio_seconds, audio_reps, audio_small, int4_small, int4_31b, int4_31b_tokens,
+            tp_ranks, tp_small)
     finally:
         torch.set_num_threads(before)
         NOW.section, NOW.quiet = "", was_quiet
@@ -287,7 +294,7 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
                  use_transformers: bool, sampling_vocab: int, device: str, device_dir: Path, device_small: bool,
                  device_compile: bool, context_small: bool, context_before_max: int | None, out_dir: Path | None,
                  audio_seconds: float, audio_reps: int, audio_small: bool, int4_small: bool, int4_31b: bool,
-                 int4_31b_tokens: int) -> dict:
+                 int4_31b_tokens: int, tp_ranks: int, tp_small: bool) -> dict:
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch's default "
                                          f"{TORCH_THREADS} threads, torch {torch.__version__}, float32 unless stated"}
     ran: dict[str, int] = {}  # section -> the torch threads it ran with
@@ -418,6 +425,12 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
                                       k or assistant_k(assistant_dir), tokens, reps, e2b_tokens, e2b_reps, copy_mib,
                                       use_transformers, int4_small, int4_31b, int4_31b_tokens, asked, timed, say)
         ran |= {f"int4 {part}": n for part, n in result["int4"]["threads"].items()}
+    if "tp" in sections and clock.cuda:
+        skipped["tp"] = f"gloo ranks on the CPU against one process: {ON_CPU_ONLY}"
+    elif "tp" in sections:  # scripts/bench/parallel.py: its processes set their own threads
+        NOW.section = "tp"
+        say(f"tp: {tp_ranks} gloo ranks against one process{' (small)' if tp_small else ''}")
+        result["tp"] = tp_section(e2b_dir, tp_ranks, tokens, max(reps, 3), k or 4, tp_small, say)
     if clock.cuda and {"demo", "bench", "e2b", "bandwidth", "bf16"} & set(sections):
         skipped["packed products"] = f"oneDNN's packed weights: {ON_CPU_ONLY}"
     if skipped:
@@ -437,7 +450,7 @@ def printed(result: dict[str, Any]) -> str:
     """The table of a run's result: every section's block, the developers' goals block last."""
     blocks = (table(result), batch_table(result), sampling_table(result), device_table(result), context_table(result),
               "\n".join(schedule_lines(result.get("schedule"))), audio_table(result), int4_table(result),
-              goals_table(result))
+              tp_table(result), goals_table(result))
     return "\n".join(block for block in blocks if block)  # each block after the first opens with its blank line
 
 
@@ -506,13 +519,23 @@ if __name__ == "__main__":
                    "fast=False and fast=True: resident memory, and whether it decodes")
     p.add_argument("--int4-31b-tokens", type=int, default=2, help="tokens each 31B load decodes (a prefill and "
                    "N - 1 steps; fast=False dequantizes every weight each forward)")
+    p.add_argument("--tp-ranks", type=int, default=2, help="ranks of the tp section's speed part (one torch thread "
+                   "each, against one process of that many threads)")
+    p.add_argument("--tp-small", action="store_true", help="the tp section at tiny sizes, for the tests")
     a = p.parse_args()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: every rank would run the whole benchmark
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: benchmark.py starts its own ranks: run `python scripts/benchmark.py --only tp --tp-ranks "
+                  f"{os.environ['WORLD_SIZE']}` without torchrun", file=sys.stderr)
+        sys.exit(2)
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS + ON_REQUEST))
     if unknown:
         p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS + ON_REQUEST)}")
     if not 0 < a.audio_seconds <= 30:
         p.error(f"--audio-seconds {a.audio_seconds:g}: a clip of more than 0 and at most 30 s (the tower's cut)")
+    if a.tp_ranks < 2:
+        p.error(f"--tp-ranks {a.tp_ranks}: at least 2")
     if a.int4_31b_tokens < 1:
         p.error(f"--int4-31b-tokens {a.int4_31b_tokens}: at least 1")
     if a.audio_reps < 1:
@@ -529,5 +552,6 @@ if __name__ == "__main__":
                device_dir=a.device_dir, device_small=a.device_small, device_compile=a.device_compile,
                context_small=a.context_small, context_before_max=a.context_before_max, out_dir=a.out,
                audio_seconds=a.audio_seconds, audio_reps=a.audio_reps, audio_small=a.audio_small,
-               int4_small=a.int4_small, int4_31b=a.int4_31b, int4_31b_tokens=a.int4_31b_tokens, quiet=a.json)
+               int4_small=a.int4_small, int4_31b=a.int4_31b, int4_31b_tokens=a.int4_31b_tokens,
+               tp_ranks=a.tp_ranks, tp_small=a.tp_small, quiet=a.json)
     print(json.dumps(out, indent=1) if a.json else printed(out))

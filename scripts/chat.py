@@ -50,6 +50,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
     from cli.media import read_clip
+    from cli.parallel import shared_line
     from gemma4.audio.config import AudioTokens, audio_config, audio_tokens
     from gemma4.audio.loading import Audio, load_audio
     from gemma4.audio.wav import AudioError
@@ -87,7 +88,11 @@ class Lines:
                 pass
 
     def line(self, prompt: str) -> str:
-        """One line without its end; EOFError at the end of the input (Ctrl-D on a terminal)."""
+        """One line without its end; EOFError at the end of the input (Ctrl-D on a terminal). Under torchrun rank 0
+        reads it and every rank gets it (cli/parallel.py)."""
+        return shared_line(lambda: self.read(prompt))
+
+    def read(self, prompt: str) -> str:
         if self.prompt:
             return input(prompt)
         line = self.source.readline()
@@ -333,7 +338,7 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
                 if flags.compile else None)
     prompt = not json_output and source.isatty()
     if prompt:
-        say(HELP)
+        say(HELP if target.shard is None else HELP.replace("Ctrl-C stops a reply", "Ctrl-C ends the run (torchrun)"))
     sinks = text_sinks(flags.show_drafts, json_output, say)
     say("")
 

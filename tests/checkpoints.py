@@ -157,10 +157,10 @@ _SHAPE_FIELDS: dict[str, dict] = {
 }
 
 
-def target_text_config(shape: str) -> Gemma4TextConfig | Gemma4UnifiedTextConfig:
+def target_text_config(shape: str, overrides: dict | None = None) -> Gemma4TextConfig | Gemma4UnifiedTextConfig:
     if shape not in _SHAPE_FIELDS:
         raise ValueError(f"unknown shape {shape!r}; expected one of {tuple(_SHAPE_FIELDS)}")
-    fields = _COMMON | _SHAPE_FIELDS[shape]
+    fields = _COMMON | _SHAPE_FIELDS[shape] | (overrides or {})
     if shape in UNIFIED:  # the unified text config has no Per-Layer Embedding fields at all
         del fields["hidden_size_per_layer_input"], fields["vocab_size_per_layer_input"]
         return Gemma4UnifiedTextConfig(**fields)
@@ -425,6 +425,7 @@ def write_target(
     both_ways: bool | None = None,
     audio: bool = False,
     ple_width: int | None = None,
+    fields: dict | None = None,
 ) -> Path:
     """Write a tiny target checkpoint to `path` and return it.
 
@@ -437,6 +438,8 @@ def write_target(
     text tensors (and with `images` the image tensors) are those without audio. Needs multimodal.
     ple_width: the Per-Layer Embedding width of a PLE shape in place of its own (an int4 file, whose projections
     are quantized in groups of 32 inputs, needs a multiple of 32: tests/int4_checkpoints.py).
+    fields: text config fields in place of the shape's (tests/parallel/pairs.py: heads and widths that 2, 3 and 4
+    ranks divide).
 
     multimodal: `Gemma4ForConditionalGeneration` (model_type gemma4, text under `text_config`, tensors
     `model.language_model.*`, plus a tiny vision tower); else
@@ -444,7 +447,7 @@ def write_target(
     (gemma4_unified / gemma4_unified_text), with the 12B's encoder-free vision embedder.
     """
     path = Path(path)
-    text_config = target_text_config(shape)
+    text_config = target_text_config(shape, fields)
     if ple_width is not None:
         text_config.hidden_size_per_layer_input = ple_width
     if both_ways is not None:
@@ -500,6 +503,8 @@ def write_assistant(
     num_assistant_tokens: int = 4,
     echo: bool = False,
     seed: int = 0,
+    heads: int = 4,
+    intermediate: int = 64,
 ) -> Path:
     """Write a tiny MTP drafter matched to the target at `target_path` and return `path`.
 
@@ -508,7 +513,8 @@ def write_assistant(
     each), top-4, token_ordering a seeded permutation. num_assistant_tokens goes to generation_config.json
     (TF requires it). echo: bias the drafter to propose its input token again (see `_make_echo`), so
     speculative rounds accept 0, some or all drafts; a plain random drafter almost never gets a draft
-    accepted.
+    accepted. heads, intermediate: its query heads and MLP width (tests/parallel/pairs.py: 12 and 96, which
+    2, 3 and 4 ranks divide).
     """
     path = Path(path)
     target = AutoConfig.from_pretrained(target_path).get_text_config()
@@ -521,10 +527,10 @@ def write_assistant(
     text_config = (Gemma4UnifiedTextConfig if unified else Gemma4TextConfig)(
         vocab_size=target.vocab_size,
         hidden_size=DRAFTER_HIDDEN,
-        intermediate_size=64,
+        intermediate_size=intermediate,
         num_hidden_layers=4,
         layer_types=[S, S, S, F],
-        num_attention_heads=4,
+        num_attention_heads=heads,
         num_key_value_heads=sliding.num_key_value_heads,
         head_dim=sliding.head_dim,
         global_head_dim=full.head_dim,

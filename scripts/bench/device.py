@@ -28,7 +28,8 @@ round), `equal` (float32 load: speculative == plain greedy, and argmax-drafted k
 sampling, tokens `==`), on `e2b` `parity` (the first forward's logits against transformers' in
 bfloat16, and both against ours in float32) and `int4` (the target quantized at load: the speed layer's int4
 kernels against the textbook's int4 layers, logits and greedy tokens, speculative == plain on it, and its decode
-step against the bf16 one's), and on `26b_layers` `experts` (a decode step and a verify of K + 1
+step against the bf16 one's) and `tp1` (tensor parallelism on one rank: the pair loaded as a rank of a
+torchrun loads it, its tokens and decode step against the one-process pair's), and on `26b_layers` `experts` (a decode step and a verify of K + 1
 rows with the experts gathered on the device, as the loaders give a GPU, against the loop that asks the host for
 them, gemma4/fast/experts.py: which one the device should run). `compiled` (with --device-compile) runs the
 static-shape decode step of `--compile` (gemma4/fast/static.py; CUDA graphs on CUDA) and records its warm-up.
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from bench.attention import attention_check
 from bench.costs import cost_section
@@ -60,6 +62,7 @@ from gemma4.fast.experts import GatheredExperts, gather_experts
 from gemma4.fast.modules import adopt
 from gemma4.fast.static import StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.moe import Experts
+from gemma4.parallel import Reduced, Shard
 from gemma4.sampling import ACCEPT_STREAM, DRAFT_STREAM, TOKEN_STREAM, exponential_noise, keyed_bits
 from mtp import DraftLength, load_drafter, speculative_generate
 
@@ -142,6 +145,15 @@ def error_text(e: Exception) -> str:
     """Its type and the first line of its message (the traceback goes to stderr)."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def one_rank(device: torch.device) -> bool:
+    """A process group of one rank for the `tp1` check, unless one is running; True when this started it."""
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                            world_size=1, device_id=device if device.type == "cuda" else None)
+    return True
 
 
 def attempt(out: dict[str, Any], name: str, check: Callable[[], Any], save: Callable[[], None] | None = None) -> None:
@@ -365,6 +377,17 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
             choose_attention(False)  # as loaded
         return result
 
+    def step_rates(targets: dict[str, Any]) -> dict[str, float]:
+        """Decode steps a second at the prompt's end, each target's median of `reps` on the device's clock."""
+        rates = {}
+        for name, target in targets.items():
+            cache, _ = prefilled(target, prompt, 1)
+            ids, at = torch.tensor([prompt[-1:]]), torch.tensor([len(prompt)])
+            step = torch.inference_mode()(lambda target=target, cache=cache, ids=ids, at=at: target.run(ids, cache, at))
+            s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
+            rates[name] = 1 / sorted(s["step"])[len(s["step"]) // 2]
+        return rates
+
     def int4() -> dict[str, Any]:
         """The target quantized at load (`quantize="int4"`) in bfloat16: the speed layer's int4 products on this
         device (gemma4/fast/int4.py) against the textbook's layers, and its decode step against the bf16 one's."""
@@ -377,17 +400,31 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         tokens_fast, tokens_textbook = greedy_generate(fast, prompt, tokens), greedy_generate(textbook, prompt, tokens)
         spec = speculative_generate(fast, drafter, prompt, tokens, DraftLength(K))
         del textbook
-        rates = {}
-        for name, target in (("bf16", plain_target), ("int4", fast)):
-            cache, _ = prefilled(target, prompt, 1)
-            ids, at = torch.tensor([prompt[-1:]]), torch.tensor([len(prompt)])
-            step = torch.inference_mode()(lambda target=target, cache=cache, ids=ids, at=at: target.run(ids, cache, at))
-            s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
-            rates[name] = 1 / sorted(s["step"])[len(s["step"]) // 2]
+        rates = step_rates({"bf16": plain_target, "int4": fast})
         return {"kernels": kernels, "max_abs_logit_diff_vs_textbook": float(diff),
                 "greedy_equal_textbook": tokens_fast == tokens_textbook,
                 "speculative_equal_plain": spec.tokens == tokens_fast,
                 "step_tokens_per_s": rates, "int4_over_bf16": rates["int4"] / rates["bf16"]}
+
+    def tp1() -> dict[str, Any]:
+        """Tensor parallelism on one rank (gemma4/parallel/): a process group of one (NCCL on CUDA, gloo on the
+        CPU), the pair loaded as a rank loads it (`shard=Shard(0, 1)`: slices read, o/down reduced by `exact_sum`),
+        its tokens against the one-process pair's and its decode step against theirs. More ranks need more
+        devices: scripts/benchmark.md."""
+        plain_target, _ = pair(BF16)
+        started = one_rank(device)
+        try:
+            target = load_target(t_dir, BF16, device, fast=True, shard=Shard(0, 1))
+            drafter = load_drafter(a_dir, BF16, device, fast=True, target=target, shard=Shard(0, 1))
+            tokens_tp, tokens_one = greedy_generate(target, prompt, tokens), greedy_generate(plain_target, prompt, tokens)
+            spec = speculative_generate(target, drafter, prompt, tokens, DraftLength(K))
+            rates = step_rates({"one_process": plain_target, "tp1": target})
+        finally:
+            if started:
+                dist.destroy_process_group()
+        return {"greedy_equal_one_process": tokens_tp == tokens_one, "speculative_equal_plain": spec.tokens == tokens_tp,
+                "reduced_modules": sum(isinstance(m, Reduced) for m in target.modules()),
+                "step_tokens_per_s": rates, "tp1_over_one_process": rates["tp1"] / rates["one_process"]}
 
     def experts() -> dict[str, Any]:
         """Seconds of a decode step and a verify of K + 1 rows, and host reads a plain step, experts gathered
@@ -427,6 +464,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         attempt(out, "full_acceptance", full_acceptance, save)
         attempt(out, "cudnn", cudnn, save)
         attempt(out, "int4", int4, save)
+        attempt(out, "tp1", tp1, save)
     models.pop(BF16, None)  # freed before the float32 pair loads
     attempt(out, "equal", equal, save)
     if parity:  # and the command end to end, in a process of its own
@@ -587,6 +625,14 @@ def device_table(result: dict[str, Any]) -> str:
             lines.append(line("cuDNN attention off, on", p["cudnn"], lambda c: (
                 f"speculative {c['off']['speculative']:.1f}, {c['on']['speculative']:.1f} tokens/s; plain "
                 f"{c['off']['plain']:.1f}, {c['on']['plain']:.1f}")))
+        if "int4" in p:
+            lines.append(line("int4 (quantized at load)", p["int4"], lambda q: (
+                f"kernels {', '.join(q['kernels'])}; tokens == textbook int4 {q['greedy_equal_textbook']}, speculative "
+                f"== plain {q['speculative_equal_plain']}; decode step {q['int4_over_bf16']:.2f}x bf16's")))
+        if "tp1" in p:
+            lines.append(line("TP = 1 (one rank)", p["tp1"], lambda t: (
+                f"tokens == one process {t['greedy_equal_one_process']}, speculative == plain "
+                f"{t['speculative_equal_plain']}; decode step {t['tp1_over_one_process']:.2f}x one process's")))
         for key in ("generate", "generate_compile"):
             if key in p:
                 lines.append(line(f"generate.py{' --compile' if 'compile' in key else ''}", p[key], lambda g: (

@@ -46,6 +46,7 @@ from gemma4.vision.processor import SOFT_TOKEN_CHOICES
 from gemma4.audio.wav import AudioError
 from gemma4.vision.prompt import ImageError
 from gemma4.int4 import check_scheme
+from gemma4.parallel.plan import Shard
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
@@ -53,6 +54,7 @@ from mtp.drafter import target_kv
 from mtp.speculative import DRAFTING
 
 from cli.media import IMAGE_TOKENS_HELP
+from cli.parallel import leave, lost_ranks, others_wait, ranks, refusal
 from cli.progress import progress
 from cli.threads import use_threads
 
@@ -204,6 +206,8 @@ def check_values(a: ModelFlags) -> None:
         raise UsageError(f"--threads must be at least 1, got {a.threads}")
     if a.prefill_chunk is not None and a.prefill_chunk < 1:
         raise UsageError(f"--prefill-chunk must be at least 1, got {a.prefill_chunk}")
+    if why := refusal(a.compile, a.schedule):
+        raise UsageError(why)
     if a.reference and a.compile:
         raise UsageError("--reference runs the textbook's modules and --compile the speed layer's static steps: "
                          "drop one of the two")
@@ -317,6 +321,7 @@ class Target:
     stops: list[int]
     sampler: SamplerConfig
     from_file: str  # the sampling keys generation_config.json supplied, for the header line
+    shard: Shard | None = None  # this process's rank of a tensor-parallel run (cli/parallel.py); None: alone
 
 
 @dataclass(frozen=True)
@@ -354,17 +359,19 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Pat
     sampler, from_file = sampler_from(a, target_dir)  # before the weights load: a refusal costs nothing
     if raw and not has_chat_template(target_dir):
         refuse("--raw", f"{name} has no chat template, so --prompt is sent as it is already: drop --raw")
+    shard = ranks(dev)  # under torchrun: this rank's part of the model (cli/parallel.py)
     model = load_target(target_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet),
-                        quantize=a.quantize)
+                        quantize=a.quantize, shard=shard)
     use_threads(model.config.hidden_size, a.threads)  # the one thread rule (cli/threads.py)
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
     stops = [] if a.ignore_eos else stop_ids(target_dir)
     say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
         f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'}"
-        f"{int4_note(model, target_dir)}{', --reference: the textbook modules' if a.reference else ''})")
+        f"{int4_note(model, target_dir)}{', --reference: the textbook modules' if a.reference else ''}"
+        f"{f', tensor-parallel on {shard.world} ranks' if shard else ''})")
     target = Target(name, target_dir, model, tokenizer, chat=has_chat_template(target_dir),
                     empty_thought=needs_empty_thought(model.config, chat_template(target_dir)), stops=stops,
-                    sampler=sampler, from_file=from_file)
+                    sampler=sampler, from_file=from_file, shard=shard)
     return target, dev, dtype
 
 
@@ -381,7 +388,8 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
             raise
         raise UsageError(f"{e} (the assistant defaults to {rule}: pass --assistant, or --no-assistant for "
                          f"plain decoding)") from None
-    drafter = load_drafter(assistant_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet))
+    drafter = load_drafter(assistant_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet),
+                           shard=target.shard)
     check_pair(target.model.config, drafter.config, target.name, name)
     k = a.num_assistant_tokens
     if k is None:  # the release's own choice, as transformers reads it
@@ -521,6 +529,11 @@ def one_line(e: BaseException) -> str:
 
 
 def guarded(run: Callable[[], int]) -> int:
+    """A script's whole run (`outcome`); under torchrun the rank then ends at once (cli/parallel.py `leave`)."""
+    return leave(outcome(run))
+
+
+def outcome(run: Callable[[], int]) -> int:
     """A script's whole run: what the user got wrong ends as one line and exit status 2, Ctrl-C as
     "interrupted" and 130, a reader of stdout that went away (`| head`) quietly with 141, as a Unix tool
     ends on SIGPIPE; anything else is a bug in the code and prints its traceback, exit status 1."""
@@ -541,6 +554,7 @@ def guarded(run: Callable[[], int]) -> int:
         return USAGE_ERROR
     except USER_ERRORS as e:
         print(one_line(e), file=sys.stderr)
+        others_wait()  # under torchrun: rank 0's line first
         return USAGE_ERROR
     except OSError as e:
         # A file the user named that the system will not open (no permission, a directory), or a reader of
@@ -550,6 +564,9 @@ def guarded(run: Callable[[], int]) -> int:
             return BUG
         print(one_line(e), file=sys.stderr)
         return USAGE_ERROR
-    except Exception:  # noqa: BLE001 (a bug: what Python itself would print, as a status the caller gets)
+    except Exception as e:  # noqa: BLE001 (a bug: what Python itself would print, as a status the caller gets)
+        if line := lost_ranks(e):  # under torchrun, another rank stopped: its own output says why
+            print(line, file=sys.stderr)
+            return BUG
         traceback.print_exc()
         return BUG

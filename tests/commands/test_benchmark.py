@@ -241,6 +241,9 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
     assert e2b["generate"]["identical"] is True and e2b["generate"]["eager_rounds"] is None, e2b["generate"]
     int4 = e2b["int4"]  # quantized at load: the int4 kernel's tokens are the textbook int4 layers'
     assert "error" not in int4 and "int4" in int4["kernels"] and int4["greedy_equal_textbook"] is True, int4
+    tp1 = e2b["tp1"]  # one rank through the tensor-parallel path: the one-process tokens, every o/down reduced
+    assert tp1["greedy_equal_one_process"] is True and tp1["speculative_equal_plain"] is True, tp1
+    assert tp1["reduced_modules"] > 0 and tp1["step_tokens_per_s"]["tp1"] > 0, tp1
     for name in pairs:
         p = d[name]
         assert DEVICE_CHECKS | {"seconds"} <= set(p) and not any("error" in p[c] for c in DEVICE_CHECKS), p

@@ -1,0 +1,59 @@
+"""The ranks of a tensor-parallel run as torchrun starts them: one process a rank, `RANK`, `WORLD_SIZE` and
+`LOCAL_RANK` in the environment, NCCL between GPUs (each rank its `LOCAL_RANK`'th), gloo between CPU processes.
+
+- A collective waits at most `TIMEOUT` for the other ranks. A rank that dies closes its connections, so the
+  others usually fail at once; a rank that hangs is given up on after `TIMEOUT`. Either way the survivors raise,
+  and the commands print one line and exit.
+- `check_same` compares something every rank computed (a checkpoint's fingerprint) before any weight is read:
+  ranks given different files would otherwise sum parts of different models.
+"""
+
+import hashlib
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+
+from gemma4.config import ConfigError
+from gemma4.parallel.plan import Shard
+
+TIMEOUT = timedelta(seconds=60)
+
+
+def world_size() -> int:
+    """How many ranks torchrun started (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def start(device: torch.device) -> Shard:
+    """Join the run torchrun started: NCCL on CUDA (this rank's GPU is `LOCAL_RANK`), gloo on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+    return Shard(dist.get_rank(), dist.get_world_size())
+
+
+def fingerprint(model_dir: Path) -> str:
+    """A digest of config.json and every tensor's name, dtype and shape (the safetensors headers alone)."""
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in sorted(f.keys()):
+                s = f.get_slice(name)
+                digest.update(json.dumps([file.name, name, s.get_dtype(), s.get_shape()]).encode())
+    return digest.hexdigest()[:16]
+
+
+def check_same(value: str, what: str) -> None:
+    """Every rank's `value` of `what` must be rank 0's: else each rank raises the same one line."""
+    values: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    differ = [r for r, v in enumerate(values) if v != values[0]]
+    if differ:
+        raise ConfigError(f"rank {differ[0]} was given another {what} than rank 0 ({values[differ[0]]} against "
+                          f"{values[0]}): give every rank the same files")
