@@ -21,11 +21,14 @@ Facts a reader must know:
 Shape legend: O out features, I in features, G = I/32 groups, N rows (tokens).
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gemma4.config import ConfigError
+from gemma4.weights import CheckpointError
 
 GROUP = 32  # inputs sharing one scale
 PER_WORD = 8  # 4-bit values in one int32 word
@@ -154,5 +157,54 @@ def swap_in(model: nn.Module, keys: list[str]) -> None:
             setattr(owner, child, Int4Linear(plain.in_features, plain.out_features))
 
 
-__all__ = ["GROUP", "Int4Linear", "QUANTIZED", "check_scheme", "dequantize", "is_quantized", "pack", "quantize",
+# ---------------------------------------------------------------- what the loader asks of this module
+
+def int4_table(table: dict[str, tuple[int, ...]], keys: list[str]) -> dict[str, tuple[int, ...]]:
+    """The name table with each of `keys` (an (O, I) weight) replaced by its int4 triple."""
+    out = {}
+    for key, shape in table.items():
+        if key not in keys:
+            out[key] = shape
+            continue
+        o, i = shape
+        base = key.removesuffix("weight")
+        out |= {base + "weight_packed": (o, i // PER_WORD), base + "weight_scale": (o, i // GROUP),
+                base + "weight_shape": (2,)}
+    return out
+
+
+def int4_layers(raw: dict, table: dict[str, tuple[int, ...]], stored: Callable[[str], bool],
+                quantize_at_load: bool) -> tuple[dict[str, tuple[int, ...]], list[str], frozenset[str]]:
+    """Which weight keys of a target's name table are int4 layers: those an int4 file stores packed (`stored(key)`:
+    the file holds it), or, quantizing at load, those the releases pack. -> (the name table as the file has them,
+    the keys, the keys to quantize as they are read)."""
+    if check_scheme(raw):
+        keys = [k for k in table if is_quantized(k) and stored(k + "_packed")]
+        return int4_table(table, keys), keys, frozenset()
+    # A layer whose inputs do not fill groups of 32 stays as it is (no release has one; tiny models do).
+    keys = [k for k in table if is_quantized(k) and table[k][1] % GROUP == 0] if quantize_at_load else []
+    return table, keys, frozenset(keys)
+
+
+def packed_state(weight: Tensor, shape: tuple[int, ...], device: torch.device | str) -> dict[str, Tensor]:
+    """A floating weight quantized at load, as a file stores it: suffix -> tensor. `shape`: the weight_shape
+    recorded, the whole weight's (a tensor-parallel rank quantizes its part)."""
+    words, scales = quantize(weight)
+    return {"weight_packed": words.to(device), "weight_scale": scales.to(device),
+            "weight_shape": torch.tensor(shape, device=device)}
+
+
+def check_shapes(state: dict[str, Tensor], keys: list[str], whole: dict[str, tuple[int, ...]],
+                 local: dict[str, tuple[int, ...]], prefix: str) -> None:
+    """Each int4 layer's stored weight_shape must be the whole weight's (`whole`, from the config); it becomes the
+    module's (`local`: a tensor-parallel rank's part, else the same)."""
+    for key in keys:
+        stored = state[key + "_shape"].tolist()
+        if stored != list(whole[key]):
+            raise CheckpointError(f"{prefix}{key}_shape is {stored}, the config implies {list(whole[key])}")
+        state[key + "_shape"] = torch.tensor(local[key], device=state[key + "_shape"].device)
+
+
+__all__ = ["GROUP", "Int4Linear", "QUANTIZED", "check_scheme", "check_shapes", "dequantize", "int4_layers",
+           "int4_table", "is_quantized", "pack", "packed_state", "quantize",
            "swap_in", "unpack"]

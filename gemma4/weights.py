@@ -31,8 +31,8 @@ import json
 import socket
 import urllib.parse
 from collections.abc import Callable, Iterable
-from typing import Any
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -40,9 +40,10 @@ from torch import nn
 
 from gemma4.config import ConfigError, TextConfig
 from gemma4.config_file import read_json, target_config, text_fields
-from gemma4.int4 import GROUP, Int4Linear, check_scheme, is_quantized, quantize, swap_in
 from gemma4.model import Gemma4Model
-from gemma4.parallel.plan import Shard, Slice, check_world, local_config, slices, table_cuts
+
+if TYPE_CHECKING:  # int4 files and tensor parallelism are imported when a load asks for them
+    from gemma4.parallel.plan import Shard, Slice
 
 # key -> the file's tensor: `fresh` through a mapping of its own (gone with the tensor), or `view` through one
 # that lives on with the model's views (gemma4/fast/apply.py reads the file's tensors with it).
@@ -109,19 +110,6 @@ def target_ignored(c: TextConfig) -> set[str]:
     return {f"layers.{i}.self_attn.{n}.{t}" for i in range(c.first_shared_layer, c.num_layers)
             for n in ("k_proj", "v_proj", "k_norm", "v_norm")
             for t in ("weight", "weight_packed", "weight_scale", "weight_shape")}
-
-
-def int4_table(table: dict[str, tuple[int, ...]], keys: list[str]) -> dict[str, tuple[int, ...]]:
-    """The name table with each of `keys` (an (O, I) weight) replaced by its int4 triple (gemma4/int4.py)."""
-    out = {}
-    for key, shape in table.items():
-        if key not in keys:
-            out[key] = shape
-            continue
-        o, i = shape
-        base = key.removesuffix("weight")
-        out |= {base + "weight_packed": (o, i // 8), base + "weight_scale": (o, i // 32), base + "weight_shape": (2,)}
-    return out
 
 
 def load_modules(model_dir: Path, parts: list[tuple[type[nn.Module], dict[str, tuple[int, ...]], str]], config: object,
@@ -239,25 +227,17 @@ def _open(file: Path):  # noqa: ANN202 (safetensors' handle type is private)
         raise CheckpointError(f"{file} is truncated or not a safetensors file ({e}): download it again") from None
 
 
-def _read(handle, file: Path, name: str) -> torch.Tensor:  # noqa: ANN001 (safetensors' handle type is private)
+def _read(handle, file: Path, name: str, cut: "Slice | None" = None) -> torch.Tensor:  # noqa: ANN001
+    """The tensor `name` (a view of the mapped file), or only the ranges of `cut` along its dimension (a
+    tensor-parallel rank's part, gemma4/parallel/plan.py: those bytes alone read, into a tensor of their own)."""
     try:
-        return handle.get_tensor(name)
+        if cut is None:
+            return handle.get_tensor(name)
+        from gemma4.parallel.plan import part
+
+        return part(handle.get_slice(name), cut)
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{file} is truncated or corrupt at {name} ({e}): download it again") from None
-
-
-def _read_part(handle, file: Path, name: str, cut: "Slice | None") -> torch.Tensor:  # noqa: ANN001
-    """The tensor `name`, or only the ranges of `cut` along its dimension (a tensor-parallel rank's part,
-    gemma4/parallel/plan.py): those bytes alone are read from the file, into a tensor of their own."""
-    if cut is None:
-        return _read(handle, file, name)
-    dim, ranges = cut
-    try:
-        whole = handle.get_slice(name)
-        pieces = [whole[(slice(None),) * dim + (slice(r.start, r.stop),)] for r in ranges]
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{file} is truncated or corrupt at {name} ({e}): download it again") from None
-    return torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0]
 
 
 # ---------------------------------------------------------------- streaming into a meta model
@@ -304,33 +284,23 @@ def read_state_dict(
         shape = tuple(handle.get_slice(name).get_shape())
         if shape != table[key]:
             raise CheckpointError(f"tensor {name} has shape {list(shape)}, the config implies {list(table[key])}")
-        if key in cuts:  # a rank's part: read as it is cut, a tensor of its own
-            tensor = _read_part(handle, file, name, cuts[key])
-            if key in to_int4:
-                words, scales = quantize(tensor)
-                base = key.removesuffix("weight")
-                state[base + "weight_packed"], state[base + "weight_scale"] = words.to(device), scales.to(device)
-                state[base + "weight_shape"] = torch.tensor(table[key], device=device)  # the whole's, as a file's
-            else:
-                wanted = dtype if tensor.is_floating_point() and key not in as_stored else tensor.dtype
-                state[key] = tensor.to(device=device, dtype=wanted)
-            continue
-        tensor = _read(handle, file, name)  # a view of the mapped file: no byte is read yet
+        # A view of the mapped file (no byte read yet), or a rank's part, read as it is cut into a tensor of its own.
+        tensor = _read(handle, file, name, cuts.get(key))
         if key in host_keys:  # a view of the file: a step reads its rows (pinning it would lock the whole table)
             state[key] = tensor
             continue
-        if key in to_int4:  # through a mapping of its own, as a cast below: the pages read go with it
-            words, scales = quantize(_read(_open(file), file, name))
-            base = key.removesuffix("weight")
-            state[base + "weight_packed"], state[base + "weight_scale"] = words.to(device), scales.to(device)
-            state[base + "weight_shape"] = torch.tensor(table[key], device=device)
-            continue
         wanted = dtype if tensor.is_floating_point() and key not in as_stored else tensor.dtype
-        if wanted != tensor.dtype:
-            # Pages a cast reads stay resident as long as their mapping lives: read them through a
-            # mapping of their own, gone with the cast, not through `handle`, which lives on in the
-            # tensors kept as views.
+        if key not in cuts and (wanted != tensor.dtype or key in to_int4):
+            # Pages a cast or a quantization reads stay resident as long as their mapping lives: read them
+            # through a mapping of their own, gone with the result, not through `handle`, which lives on in
+            # the tensors kept as views.
             tensor = _read(_open(file), file, name)
+        if key in to_int4:  # its int4 triple in its place (gemma4/int4.py)
+            from gemma4.int4 import packed_state
+
+            base = key.removesuffix("weight")
+            state |= {base + part: t for part, t in packed_state(tensor, table[key], device).items()}
+            continue
         state[key] = tensor.to(device=device).to(dtype=wanted)
     return state
 
@@ -344,7 +314,7 @@ def file_reader(model_dir: Path, prefix: str, cuts: "dict[str, Slice] | None" = 
     def read(key: str, keep: bool) -> torch.Tensor:
         file = index[prefix + key]
         handle = kept.setdefault(file, _open(file)) if keep else _open(file)
-        return _read_part(handle, file, prefix + key, cuts.get(key))
+        return _read(handle, file, prefix + key, cuts.get(key))
     return read
 
 
@@ -362,7 +332,7 @@ def check_head(model_dir: Path, prefix: str, index: dict[str, Path]) -> None:
 
 def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
-    progress: Progress | None = None, quantize: str | None = None, shard: Shard | None = None,
+    progress: Progress | None = None, quantize: str | None = None, shard: "Shard | None" = None,
 ) -> Gemma4Model:
     """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
     layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and why each
@@ -381,41 +351,35 @@ def load_target(
     config, prefix = target_config(raw)
     table = target_weight_table(config)
     index = checkpoint_index(model_dir)
-    # Which layers are int4: those the file stores packed, or with `quantize` those the releases pack.
-    if check_scheme(raw):
-        int4 = [k for k in table if is_quantized(k) and prefix + k + "_packed" in index]
-        table, to_int4 = int4_table(table, int4), frozenset()
-    else:
-        # A layer whose inputs do not fill groups of 32 stays as it is (no release has one; tiny models do).
-        int4 = [k for k in table if is_quantized(k) and table[k][1] % GROUP == 0] if quantize else []
-        to_int4 = frozenset(int4)
-    scales = frozenset(k.removesuffix("weight") + "weight_scale" for k in int4)
+    int4: list[str] = []  # the int4 layers' weight keys
+    to_int4: frozenset[str] = frozenset()
+    if quantize or raw.get("quantization_config") is not None:  # an int4 file, or a float one made int4
+        from gemma4.int4 import int4_layers
+
+        table, int4, to_int4 = int4_layers(raw, table, lambda key: prefix + key in index, quantize is not None)
     check_head(model_dir, prefix, index)
     whole, cuts = config, None
-    if shard is not None:  # before a byte is read: the split, and the same files everywhere
-        from gemma4.parallel.group import check_same, fingerprint
+    if shard is not None:  # before a byte is read: the split checked, the same files on every rank
+        from gemma4.parallel.group import rank_part
 
-        check_world(config, shard.world, "target", int4_inputs=any(k.endswith("o_proj.weight") for k in int4))
-        check_same(fingerprint(model_dir), "target checkpoint")
-        cuts, config = table_cuts(slices(config, shard), table), local_config(config, shard)
+        int4_inputs = any(k.endswith("o_proj.weight") for k in int4)
+        cuts, config = rank_part(config, table, shard, model_dir, "target", int4_inputs=int4_inputs)
 
     def owned(name: str) -> bool:
         return name.startswith(prefix) and not name.startswith(("model.vision_tower.", "model.embed_vision.",
                                                                 "model.audio_tower.", "model.embed_audio."))
 
     host = frozenset({"embed_tokens_per_layer.weight"})  # E2B: 262144 x 8960; a step reads one row of it
+    scales = frozenset(k.removesuffix("weight") + "weight_scale" for k in int4)  # int4 scales keep bf16
     state = read_state_dict(model_dir, table, prefix, target_ignored(config), owned, dtype, device, host, progress,
                             as_stored=scales, to_int4=to_int4, cuts=cuts)
-    # Each int4 layer's stored shape is the whole weight's; the module's is this rank's part of it.
-    shapes, local = target_weight_table(whole), target_weight_table(config)
-    for key in int4:
-        stored = state[key + "_shape"].tolist()
-        if stored != list(shapes[key]):
-            raise CheckpointError(f"{prefix}{key}_shape is {stored}, the config implies {list(shapes[key])}")
-        state[key + "_shape"] = torch.tensor(local[key], device=state[key + "_shape"].device)
     with torch.device("meta"):
         model = Gemma4Model(config)
-    swap_in(model, int4)
+    if int4:
+        from gemma4.int4 import check_shapes, swap_in
+
+        check_shapes(state, int4, target_weight_table(whole), target_weight_table(config), prefix)
+        swap_in(model, int4)
     model.load_state_dict(state, strict=True, assign=True)
     del state  # the model holds every tensor now; a cast that packing replaces must not live on here
     model.eval().requires_grad_(False)

@@ -7,6 +7,7 @@ KV-shared (Q-only, no PLE, no MoE), so the target's own name table describes it,
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,8 +18,10 @@ from gemma4.weights import (
     target_weight_table,
 )
 from gemma4.model import Gemma4Model
-from gemma4.parallel.plan import Shard, check_world, local_config, slices, table_cuts
 from mtp.drafter import Drafter, DrafterConfig
+
+if TYPE_CHECKING:
+    from gemma4.parallel.plan import Shard
 
 
 # An assistant's model_type -> the text model_type its text_config holds by default, and the target hidden size
@@ -100,7 +103,7 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
 
 def load_drafter(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
-    target: Gemma4Model | None = None, progress: Progress | None = None, shard: Shard | None = None,
+    target: Gemma4Model | None = None, progress: Progress | None = None, shard: "Shard | None" = None,
 ) -> Drafter:
     """The assistant of a local directory or Hub id, in eval mode, without gradients; `fast`: the speed layer, as
     `load_target`'s (a centroid head gathers rows: it has no product). Given its `target`, the pair is checked
@@ -116,12 +119,10 @@ def load_drafter(
     cfg = drafter_config_from_dict(raw)
     table, cuts = drafter_weight_table(cfg), None
     if shard is not None:  # split as the target is: its heads read the target's local K/V
-        from gemma4.parallel.group import check_same, fingerprint
+        from gemma4.parallel.group import rank_part
 
-        check_world(cfg.text, shard.world, "assistant")
-        check_same(fingerprint(model_dir), "assistant checkpoint")
-        cuts = table_cuts(slices(cfg.text, shard, "model.layers."), table)
-        cfg = replace(cfg, text=local_config(cfg.text, shard))
+        cuts, text = rank_part(cfg.text, table, shard, model_dir, "assistant", layer_prefix="model.layers.")
+        cfg = replace(cfg, text=text)
     if target is not None:  # a rank's target is checked against its own part of the drafter
         check_pair(target.config, cfg, "the target given", str(path))
     state = read_state_dict(model_dir, table, "", drafter_ignored(cfg), lambda name: True, dtype, device,

@@ -105,7 +105,8 @@ from bench.batch import DEMO_PROMPTS, MOE_HIDDEN, batch_goal, batch_section, bat
 from bench.context import context_goals, context_section, context_table
 from bench.costs import MAX_K, bandwidth_section, cost_section  # noqa: F401 (MAX_K: the tests read it here)
 from bench.device import DEVICE_DIR, device_section, device_table, small_e2b_configs
-from bench.int4 import int4_goals, int4_section, int4_table, small_e2b
+from bench.int4 import int4_goals, int4_section, int4_table
+from bench.int4_files import small_e2b
 from bench.parallel import tp_section, tp_table
 from bench.memory import memory_section
 from bench.random_pair import (bench_configs, e2b_configs, is_written, pair_bytes, random_prompt, text_prompt,

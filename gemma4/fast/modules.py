@@ -32,9 +32,11 @@ def check_inference(weight: torch.Tensor) -> None:
         raise RuntimeError(FOR_INFERENCE)
 
 
-def trainable(linear: nn.Module) -> torch.Tensor:
-    """The tensor a training run would ask gradients of: an `nn.Linear`'s weight (an int4 layer's scales)."""
-    return linear.weight if isinstance(linear, nn.Linear) else linear.weight_scale
+def check_layer(linear: nn.Module) -> None:
+    """`check_inference` for a projection the stacked product replaced: an `nn.Linear`'s weight, or an int4
+    layer's scales. Looked up only where autograd is on: a decode step (inference mode) pays one call."""
+    if torch.is_grad_enabled():
+        check_inference(linear.weight if isinstance(linear, nn.Linear) else linear.weight_scale)
 
 
 class FastLinear(nn.Module):
@@ -80,7 +82,7 @@ class StackedAttention(Attention):
 
     def project(self, x: torch.Tensor, inp: LayerInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """As Attention.project: q (B, T, H, D), k, v (B, K, T, D), with one product, one norm, one rotation."""
-        check_inference(trainable(self.q_proj))
+        check_layer(self.q_proj)
         b, t, _ = x.shape
         h, kv = self.num_heads, self.kv_heads
         qkv = self.qkv(x).view(b, t, -1, self.head_dim)  # (B, T, H+2K, D), or (B, T, H+K, D) on K=V layers
@@ -99,6 +101,6 @@ class StackedMLP(MLP):
         return fast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_inference(trainable(self.gate_proj))
+        check_layer(self.gate_proj)
         gate_up = self.gate_up(x)  # (B, T, 2W): gate's columns, then up's
         return self.down_proj(gelu(gate_up[..., :self.width]) * gate_up[..., self.width:])

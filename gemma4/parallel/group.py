@@ -18,8 +18,15 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 
-from gemma4.config import ConfigError
-from gemma4.parallel.plan import Shard
+from gemma4.config import ConfigError, TextConfig
+from gemma4.parallel.plan import (
+    Shard,
+    Slice,
+    check_world,
+    local_config,
+    slices,
+    table_cuts,
+)
 
 TIMEOUT = timedelta(seconds=60)
 
@@ -57,3 +64,13 @@ def check_same(value: str, what: str) -> None:
     if differ:
         raise ConfigError(f"rank {differ[0]} was given another {what} than rank 0 ({values[differ[0]]} against "
                           f"{values[0]}): give every rank the same files")
+
+
+def rank_part(c: TextConfig, table: dict[str, tuple[int, ...]], shard: Shard, model_dir: Path, what: str,
+              layer_prefix: str = "layers.", int4_inputs: bool = False) -> tuple[dict[str, Slice], TextConfig]:
+    """What a loader asks before it reads a byte: the split refused if `c` cannot take it (`check_world`), the
+    files refused if they are not rank 0's (`check_same`); then this rank's cuts of the name table and its
+    local config (plan.py)."""
+    check_world(c, shard.world, what, int4_inputs)
+    check_same(fingerprint(model_dir), f"{what} checkpoint")
+    return table_cuts(slices(c, shard, layer_prefix), table), local_config(c, shard)

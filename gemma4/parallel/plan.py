@@ -17,6 +17,10 @@ Shape legend: H query heads, K kv heads, D head dim, E hidden, W MLP width, I ex
 """
 
 from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
 
 from gemma4.config import ConfigError, TextConfig
 
@@ -111,6 +115,14 @@ def int4_slice(weight: Slice, part: str) -> Slice:
         return weight
     per = 8 if part == "weight_packed" else GROUP
     return dim, tuple(range(r.start // per, r.stop // per) for r in ranges)
+
+
+def part(whole: Any, cut: Slice) -> Tensor:
+    """The ranges of `cut` of a tensor in a file (safetensors' `get_slice`, indexed lazily): those bytes alone
+    are read, concatenated along the cut's dimension into one tensor."""
+    dim, ranges = cut
+    pieces = [whole[(slice(None),) * dim + (slice(r.start, r.stop),)] for r in ranges]
+    return torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0]
 
 
 def table_cuts(weights: dict[str, Slice], table: dict[str, tuple[int, ...]]) -> dict[str, Slice]:

@@ -29,8 +29,8 @@ sampling, tokens `==`), on `e2b` `parity` (the first forward's logits against tr
 bfloat16, and both against ours in float32) and `int4` (the target quantized at load: the speed layer's int4
 kernels against the textbook's int4 layers, logits and greedy tokens, speculative == plain on it, and its decode
 step against the bf16 one's) and `tp1` (tensor parallelism on one rank: the pair loaded as a rank of a
-torchrun loads it, its tokens and decode step against the one-process pair's), and on `26b_layers` `experts` (a decode step and a verify of K + 1
-rows with the experts gathered on the device, as the loaders give a GPU, against the loop that asks the host for
+torchrun loads it, its tokens and decode step against the one-process pair's), and on `26b_layers` `experts`
+(a decode step and a verify of K + 1 rows with the experts gathered on the device, as the loaders give a GPU, against the loop that asks the host for
 them, gemma4/fast/experts.py: which one the device should run). `compiled` (with --device-compile) runs the
 static-shape decode step of `--compile` (gemma4/fast/static.py; CUDA graphs on CUDA) and records its warm-up.
 """
@@ -416,13 +416,15 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         try:
             target = load_target(t_dir, BF16, device, fast=True, shard=Shard(0, 1))
             drafter = load_drafter(a_dir, BF16, device, fast=True, target=target, shard=Shard(0, 1))
-            tokens_tp, tokens_one = greedy_generate(target, prompt, tokens), greedy_generate(plain_target, prompt, tokens)
+            tokens_tp = greedy_generate(target, prompt, tokens)
+            tokens_one = greedy_generate(plain_target, prompt, tokens)
             spec = speculative_generate(target, drafter, prompt, tokens, DraftLength(K))
             rates = step_rates({"one_process": plain_target, "tp1": target})
         finally:
             if started:
                 dist.destroy_process_group()
-        return {"greedy_equal_one_process": tokens_tp == tokens_one, "speculative_equal_plain": spec.tokens == tokens_tp,
+        return {"greedy_equal_one_process": tokens_tp == tokens_one,
+                "speculative_equal_plain": spec.tokens == tokens_tp,
                 "reduced_modules": sum(isinstance(m, Reduced) for m in target.modules()),
                 "step_tokens_per_s": rates, "tp1_over_one_process": rates["tp1"] / rates["one_process"]}
 

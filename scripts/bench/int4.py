@@ -14,57 +14,43 @@ against bfloat16, `transformers`, the memory-bandwidth bound and this machine's 
   forward (the untimed warm-up), so it decodes dense.
 - `demo`: the demo pair, the target quantized at load (`load_target(quantize="int4")`) and as it is (float32),
   speculative / plain greedy tokens/s for each: does drafting pay on an int4 target as on the float one.
-- `31b` (--int4-31b, disk and time in benchmark.md): a random int4 file of 31B's geometry written directly in the
+- `31b` (--int4-31b, disk and time in benchmark.md; bench/int4_31b.py): a random int4 file of 31B's geometry written directly in the
   release layout (random words, scales for weights of rms I^-1/2, a bf16 embedding; 60 layers, hidden 5376,
   ≈ 19 GB), loaded with fast=False and fast=True, each in a fresh process: resident memory after loading and
   after decoding a few tokens, the peak, seconds a forward; the files are deleted after. A thread stops a child
   whose load leaves less than 1.5 GiB available (`MIN_AVAILABLE`), and says so, rather than wait for the kernel.
-Ratios are medians of per-repetition ratios (bench/timing.py `interleaved`), as everywhere in the benchmark.
+The files in the release layout are written by bench/int4_files.py. Ratios are medians of per-repetition ratios (bench/timing.py `interleaved`), as everywhere in the benchmark.
 """
 
 import contextlib
-import ctypes
 import gc
 import io
-import json
-import os
-import shutil
 import statistics
-import struct
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from bench.audio import cpu
-from bench.memory import SCRIPTS, decode_bytes, reset_peak, status_mib
-from bench.random_pair import (DTYPE_CODES, assistant_config, e2b_configs, random_prompt, random_tensor,
-                               target_config, write_pair)
-from bench.show import written
+from bench.int4_31b import big_part
+from bench.int4_files import BF16, FULL_VOCAB, config_31b, quantized_copy, small_e2b
+from bench.memory import decode_bytes
+from bench.random_pair import (
+    e2b_configs,
+    random_prompt,
+    write_pair,
+)
+from bench.report import fmt
 from bench.timing import median_ratio, our_decode_step, prefilled, section_threads
 from bench.transformers_baseline import tf_generate
 from gemma4 import greedy_generate, load_config, load_target
-from gemma4.config import FULL, SLIDING
-from gemma4.config_file import read_json, text_config_from_dict
+from gemma4.config_file import read_json
 from gemma4.fast import kernels_of, products
 from gemma4.fast.int4 import Int4Product
-from gemma4.generate import new_cache
-from gemma4.int4 import GROUP, is_quantized, quantize
-from gemma4.weights import int4_table as int4_names  # the name table with each int4 key's triple
-from gemma4.weights import target_weight_table
 from mtp import DraftLength, load_drafter, speculative_generate
 
-BF16 = torch.bfloat16
-FULL_VOCAB = 262144
-CODES = DTYPE_CODES | {torch.int32: "I32"}
-MIN_AVAILABLE = 1.5 * 2**30  # bytes of MemAvailable below which a 31B child stops itself
-Q_RMS = (sum(q * q for q in range(-8, 8)) / 16) ** 0.5  # rms of a uniform nibble's q in -8..7: 4.64
 GOALS = (("e2b: int4 / bf16 plain tokens/s", ("e2b", "int4_over_bf16"), 2.0),
          ("e2b: int4 decode step / bandwidth bound", ("e2b", "int4_bound", "fraction_step"), 0.6),
          ("e2b: ours int4 / transformers int4 plain tokens/s", ("e2b", "ours_over_tf"), 3.0),
@@ -74,115 +60,6 @@ GOALS = (("e2b: int4 / bf16 plain tokens/s", ("e2b", "int4_over_bf16"), 2.0),
           1.0))
 DEMO_DTYPES = ("float32", "bfloat16")
 VERIFY = 4  # drafts a timed verify checks: K + 1 = 5 rows, the demo assistant's K
-# config.json's quantization_config as the w4a16 releases write it (gemma4/int4.py `check_scheme` reads it).
-QUANTIZATION_CONFIG = {
-    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-    "config_groups": {"group_0": {"targets": ["Linear"], "format": "pack-quantized",
-                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-                                              "group_size": GROUP, "dynamic": False, "actorder": None,
-                                              "observer": "minmax"},
-                                  "input_activations": None, "output_activations": None}},
-    "ignore": ["lm_head"], "kv_cache_scheme": None}
-
-
-# ---------------------------------------------------------------- configs and files
-
-def small_e2b() -> tuple[dict[str, Any], dict[str, Any]]:
-    """E2B's structure (KV sharing, PLE, double-wide MLP) at tiny widths that fill groups of 32 (the tests')."""
-    target = target_config(512, layers=7, hidden=64, intermediate=128, heads=2, kv_heads=1, head_dim=32, window=8,
-                           shared=2, ple_dim=32, double_wide=True)
-    return target, assistant_config(target, hidden=32, intermediate=64, heads=2, num_centroids=16, top_k=4)
-
-
-def config_31b(small: bool) -> dict[str, Any]:
-    """31B's text config (spec §4: 60 layers, every 6th full with 4 K=V heads of 512); tiny widths when `small`."""
-    dims = (dict(layers=6, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=32, window=8) if small else
-            dict(layers=60, hidden=5376, intermediate=21504, heads=32, kv_heads=16, head_dim=256, window=1024))
-    target = target_config(512 if small else FULL_VOCAB, shared=0, ple_dim=0, double_wide=False, **dims)
-    target["layer_types"] = [FULL if (i + 1) % 6 == 0 else SLIDING for i in range(dims["layers"])]
-    return target | {"attention_k_eq_v": True, "num_global_key_value_heads": 1 if small else 4,
-                     "max_position_embeddings": 262_144}
-
-
-def release_layout(config: dict[str, Any]) -> tuple[dict[str, tuple[int, ...]], list[str], dict[str, Any]]:
-    """The float name table, its keys a release stores as int4, and the file's tensors: name -> (dtype, shape)."""
-    table = target_weight_table(text_config_from_dict(config))
-    int4 = [k for k in table if is_quantized(k) and table[k][1] % GROUP == 0]
-    kinds = {"weight_packed": torch.int32, "weight_shape": torch.int64}
-    specs = {"model." + k: (kinds.get(k.rpartition(".")[2], BF16), s) for k, s in int4_names(table, int4).items()}
-    return table, int4, specs
-
-
-def file_bytes(specs: dict[str, Any]) -> int:
-    return sum(torch.Size(shape).numel() * dtype.itemsize for dtype, shape in specs.values())
-
-
-def write_release(dst: Path, config: dict[str, Any], tensors: Iterator[torch.Tensor], generation: dict) -> Path:
-    """config.json with the release's quantization_config, and model.safetensors streamed tensor by tensor in the
-    order of `release_layout` (as bench/random_pair.py writes: nothing sits in memory but the tensor at hand)."""
-    _, _, specs = release_layout(config)
-    dst.mkdir(parents=True, exist_ok=True)
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, (dtype, shape) in specs.items():
-        size = torch.Size(shape).numel() * dtype.itemsize
-        header[name] = {"dtype": CODES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)  # the data 8-byte aligned: every tensor can be a view of it
-    with open(dst / "model.safetensors", "wb") as f, written(f"writing {dst.parent.name}/{dst.name}", offset) as done:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for (name, (dtype, shape)), t in zip(specs.items(), tensors, strict=True):
-            if t.dtype != dtype or tuple(t.shape) != tuple(shape):
-                raise ValueError(f"{name}: {t.dtype} {list(t.shape)}, the layout says {dtype} {list(shape)}")
-            t = t.contiguous()
-            f.write((ctypes.c_ubyte * (t.numel() * t.itemsize)).from_address(t.data_ptr()))  # the bytes, no copy
-            done.update(t.numel() * t.itemsize)
-    (dst / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16",
-                                                          "quantization_config": QUANTIZATION_CONFIG}, indent=2))
-    (dst / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    return dst
-
-
-def quantized_copy(src: Path, dst: Path) -> Path:
-    """The bf16 target in `src` rewritten once into `dst` as a release stores it (reused while src is the same)."""
-    stamp = {"source": read_json(src.parent / "pair.json"), "format": 1}
-    if (dst / "int4.json").is_file() and read_json(dst / "int4.json") == stamp:
-        return dst
-    config = read_json(src / "config.json")
-    config.pop("dtype", None)
-    table, int4, _ = release_layout(config)
-    handle = safe_open(str(src / "model.safetensors"), framework="pt")
-
-    def tensors() -> Iterator[torch.Tensor]:
-        for key, shape in table.items():
-            w = handle.get_tensor("model." + key)
-            if key in int4:
-                yield from (*quantize(w), torch.tensor(list(shape)))  # words, scales, [O, I]
-            else:
-                yield w.to(BF16)
-
-    write_release(dst, config, tensors(), read_json(src / "generation_config.json"))
-    (dst / "int4.json").write_text(json.dumps(stamp, indent=2))
-    return dst
-
-
-def random_tensors(config: dict[str, Any], seed: int = 0) -> Iterator[torch.Tensor]:
-    """Random int4 words (every nibble uniform in 0..15) with scales giving weights of rms I^-1/2, as random_pair's
-    N(0, 1/I), and random_pair's values elsewhere, drawn 4096 rows at a time: a 31B file never sits in memory."""
-    table, int4, _ = release_layout(config)
-    gen = torch.Generator().manual_seed(seed)
-    for key, shape in table.items():
-        if key in int4:
-            o, i = shape
-            yield torch.randint(-2**31, 2**31, (o, i // 8), dtype=torch.int32, generator=gen)  # (O, I/8)
-            yield torch.full((o, i // GROUP), 1 / (Q_RMS * i**0.5), dtype=BF16)  # (O, G)
-            yield torch.tensor(list(shape))
-            continue
-        out = torch.empty(shape, dtype=BF16)
-        for rows in out.split(4096):
-            rows.copy_(random_tensor("model." + key, tuple(rows.shape), 0, gen))
-        yield out
 
 
 # ---------------------------------------------------------------- E2B: int4 against bf16, the bound, transformers
@@ -317,91 +194,6 @@ def demo_part(target_dir: Path, assistant_dir: Path, prompt: list[int], tokens: 
     return out
 
 
-# ---------------------------------------------------------------- 31B: resident memory, a fresh process each
-
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    lines = Path("/proc/meminfo").read_text().splitlines()
-    return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines if line.split()[-1] == "kB"}
-
-
-@torch.inference_mode()
-def timed_greedy(model: Any, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """greedy_generate's loop (gemma4/generate.py) with the seconds of every forward: the prefill, then the steps."""
-    cache = new_cache(model, prompt, n)
-    ids, position, tokens, seconds = prompt, 0, [], []
-    while len(tokens) < n:
-        start = time.perf_counter()
-        out = model.run(torch.tensor([ids]), cache, start_pos=torch.tensor([position]), num_logits=1)
-        tokens.append(int(out.logits[0, -1].argmax()))
-        seconds.append(time.perf_counter() - start)
-        position += len(ids)
-        cache.length[0] = position
-        ids = tokens[-1:]
-    return tokens, seconds
-
-
-def big_child(model_dir: Path, fast: bool, tokens: int, threads: int) -> dict[str, Any]:
-    """Runs in a fresh process: load, then `tokens` greedy tokens, with the resident memory at each stage. A thread
-    watches MemAvailable and ends the process (its stage said on stdout) before the machine runs out."""
-    torch.set_num_threads(threads)
-    stage = {"now": "loading"}
-
-    def watch() -> None:
-        while True:
-            available = meminfo()["MemAvailable"]
-            if available < MIN_AVAILABLE:
-                print(json.dumps({"stopped": f"{available / 2**30:.1f} GiB available while {stage['now']}",
-                                  "at_stop": status_mib()}), flush=True)
-                os._exit(3)
-            time.sleep(0.05)
-
-    base, total = status_mib(), meminfo()["MemTotal"]
-    reset_peak()
-    threading.Thread(target=watch, daemon=True).start()
-    start = time.perf_counter()
-    model = load_target(model_dir, BF16, fast=fast)
-    load_s, loaded = time.perf_counter() - start, status_mib()
-    stage["now"] = f"decoding {tokens} tokens"
-    ids, seconds = timed_greedy(model, random_prompt(model_dir, 4), tokens)
-    return {"fast": fast, "mem_total_bytes": total, "baseline": base, "load_s": load_s, "after_load": loaded,
-            "after_decode": status_mib(), "forward_s": seconds, "tokens": ids, "stopped": None,
-            "int4_product_bytes": sum(p.nbytes() for p in products(model) if isinstance(p, Int4Product))}
-
-
-def big_part(root: Path, small: bool, tokens: int, threads: int, say: Callable[..., None]) -> dict[str, Any]:
-    config = config_31b(small)
-    size = file_bytes(release_layout(config)[2])
-    where = root / ("31b-int4-small" if small else "31b-int4")
-    free = shutil.disk_usage(next(p for p in (root, *root.parents) if p.exists())).free
-    table, int4, _ = release_layout(config)
-    # What the speed layer holds for the int4 layers in bfloat16 (gemma4/fast/int4.py): half a byte a weight, and a
-    # (scale, zero) pair of bfloat16 a group of 32; the embedding (the tied head) is bfloat16.
-    held = sum(table[key][0] * table[key][1] * (0.5 + 4 / GROUP) for key in int4)
-    embedding = torch.Size(table["embed_tokens.weight"]).numel() * BF16.itemsize
-    out: dict[str, Any] = {"small": small, "file_bytes": size, "new_tokens": tokens, "layers": config[
-        "num_hidden_layers"], "hidden": config["hidden_size"], "mem_total_bytes": meminfo()["MemTotal"],
-        "int4_layers": len(int4), "int4_product_bytes_expected": int(held), "embedding_bytes": embedding, "runs": {}}
-    if size + 2**30 > free:
-        return out | {"skipped": f"{size / 1e9:.1f} GB to write, {free / 1e9:.1f} GB free under {root}"}
-    say(f"int4: writing a random 31B-geometry int4 file, {size / 1e9:.1f} GB under {where} (deleted after)")
-    start = time.perf_counter()
-    try:
-        generation = {"bos_token_id": 2, "pad_token_id": 0, "eos_token_id": [1, 106, 50], "do_sample": False}
-        model_dir = write_release(where / "target", config, random_tensors(config), generation)
-        out["write_s"] = time.perf_counter() - start
-        for name, fast in (("textbook", False), ("fast", True)):
-            say(f"int4: 31B geometry, load_target(fast={fast}) and {tokens} tokens in a fresh process")
-            child = subprocess.run([sys.executable, "-m", "bench.int4", str(model_dir.resolve()), str(int(fast)),
-                                    str(tokens), str(threads)], capture_output=True, text=True, cwd=SCRIPTS)
-            lines = child.stdout.strip().splitlines()
-            out["runs"][name] = json.loads(lines[-1]) if lines else {
-                "stopped": f"exit status {child.returncode}: {(child.stderr.strip().splitlines() or [''])[-1]}"}
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-    return out
-
-
 # ---------------------------------------------------------------- the section, its goals and its table
 
 def int4_section(root: Path, target_dir: Path, assistant_dir: Path, demo_prompt: list[int], k: int, tokens: int,
@@ -448,10 +240,6 @@ def int4_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def gb(x: float | None) -> str:
-    return "n/a" if x is None else f"{x / 1e9:.2f}"
-
-
 def int4_table(result: dict[str, Any]) -> str:
     r = result.get("int4")
     if not r:
@@ -469,12 +257,12 @@ def int4_table(result: dict[str, Any]) -> str:
         for name in ("int4", "bf16"):
             m, b = e[name], e[f"{name}_bound"]
             lines.append(f"   {'ours, plain greedy, ' + name:<30}{m['tokens_per_s']:>10.2f}{m['step_s'] * 1e3:>9.1f}"
-                         f"{gb(b['bytes_per_step']):>11}{b['bound_tokens_per_s']:>13.2f}{b['fraction_step']:>12.2f}"
+                         f"{fmt(b['bytes_per_step'] / 1e9):>11}{b['bound_tokens_per_s']:>13.2f}{b['fraction_step']:>12.2f}"
                          f"{b['fraction_paired']:>8.2f}{m['verify_over_step']:>13.2f}")
         b = e["int4_bound"]
         lines += [f"   int4 / bf16: plain tokens/s {e['int4_over_bf16']:.2f}x, decode step {e['step_int4_over_bf16']:.2f}x",
-                  f"   int4 bytes a step: {gb(b['int4_bytes'])} GB packed words and scales (as the speed layer holds "
-                  f"them) + {gb(b['float_bytes'])} GB float (tied head, norms, a PLE row); copy "
+                  f"   int4 bytes a step: {fmt(b['int4_bytes'] / 1e9)} GB packed words and scales (as the speed layer holds "
+                  f"them) + {fmt(b['float_bytes'] / 1e9)} GB float (tied head, norms, a PLE row); copy "
                   f"{e['copy_bytes_per_s'] / 1e9:.1f} GB/s (read + write, {e['copy_mib']} MiB, best), read "
                   f"{e['read_bytes_per_s'] / 1e9:.1f} GB/s; generate / bound {b['fraction_generate']:.2f}"]
         if e["ours_over_tf"] is None:
@@ -499,7 +287,7 @@ def int4_table(result: dict[str, Any]) -> str:
     big = r.get("31b")
     if big:
         lines.append(f"   31B geometry ({big['layers']} layers, hidden {big['hidden']}), random int4 file "
-                     f"{gb(big['file_bytes'])} GB, this machine {big['mem_total_bytes'] / 2**30:.1f} GiB"
+                     f"{fmt(big['file_bytes'] / 1e9)} GB, this machine {big['mem_total_bytes'] / 2**30:.1f} GiB"
                      + (f": skipped, {big['skipped']}" if big.get("skipped") else f", written in "
                         f"{big.get('write_s', 0):.0f} s, deleted after"))
         for name, run in big["runs"].items():
@@ -519,7 +307,3 @@ def int4_table(result: dict[str, Any]) -> str:
 
 def read_vocab(target: str) -> int:
     return int(read_json(Path(target) / "config.json")["vocab_size"])
-
-
-if __name__ == "__main__":  # big_part's child: python -m bench.int4 MODEL_DIR FAST TOKENS THREADS
-    print(json.dumps(big_child(Path(sys.argv[1]), bool(int(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4]))))

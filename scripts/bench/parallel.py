@@ -139,7 +139,8 @@ def speed_part(root: Path, world: int, tokens: int, reps: int, k: int, small: bo
         for name, n, threads in order if rep % 2 == 0 else order[::-1]:
             say(f"tp: repetition {rep + 1} of {reps}, {'one process' if n == 1 else f'{n} ranks'}")
             runs[name].append(launch(n, job | {"threads": threads}, PORT_BASE + rep))
-    speed = {f"{name} {m}": [tokens / r[m]["seconds"] for r in rs] for name, rs in runs.items() for m in ("plain", "spec")}
+    speed = {f"{name} {m}": [tokens / r[m]["seconds"] for r in rs]
+             for name, rs in runs.items() for m in ("plain", "spec")}
     first = runs["one"][0]
     return {"target": job["target"], "ranks": world, "new_tokens": tokens, "reps": reps, "k": k,
             **{name: statistics.median(v) for name, v in speed.items()},
