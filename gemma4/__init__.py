@@ -4,8 +4,8 @@ imported from their modules on first use (PEP 562): importing the model, the cac
 from importlib import import_module
 
 WHERE = {name: module for module, names in {
-    "cache": "KVCache", "config": "ConfigError TextConfig", "config_file": "load_config", "rows": "Request",
-    "generate": "greedy_generate sample_generate", "engine": "Generated decode", "model": "Gemma4Model ModelOutput",
+    "cache": "KVCache", "config": "ConfigError TextConfig", "config_file": "load_config", "engine.rows": "Request", "engine.ring": "RingCache",
+    "generate": "greedy_generate sample_generate", "engine.decode": "Generated decode", "model": "Gemma4Model ModelOutput",
     "reference": "reference_greedy", "sampling": "SamplerConfig", "tokenizer": "Gemma4Tokenizer Message",
     "weights": "CheckpointError load_target",
 }.items() for name in names.split()}

@@ -1,130 +1,51 @@
-"""KV cache, written by absolute position: full layers keep every position, sliding layers only
-their window.
+"""The textbook's KV cache: one row, every position kept, slot = position.
 
-- Full layers: slot = position, up to `capacity` (a call's prompt + budget).
-- Sliding layers: a ring of `ring = W + slack` slots, slot = position mod ring. `slack` is the most
-  positions one forward may write (the prompt's forward, a verify of K + 1 rows). Every slot
-  remembers the absolute position it holds (`slot_positions`, -2^40 while empty), so the one mask
-  helper compares query and key positions: a slot outside a query's window, a stale one past the
-  length and an empty one are all hidden by the same comparison. Why W + slack slots never lose a
-  key a query still reads: gemma4/README.md §15.
-- Only non-shared layers own buffers: KV-shared layers (and the MTP drafter) read their source
-  layer's.
-- `length` (B,) is the number of valid positions of each row, on the host. The loop owns it: a
-  forward writes K/V at the positions it is given and never moves `length`. Rolling back lowers it;
-  later writes overwrite the stale slots. One prompt is the batch of one row; rows of a batch sit at
-  their own positions (gemma4/rows.py).
+- Each layer that computes its own K/V owns a buffer of `capacity` slots (the prompt + the budget).
+  KV-shared layers and the MTP drafter own none: they read their source layer's buffer.
+- A forward at positions start..start+T-1 writes slots start..start+T-1 and reads slots
+  0..start+T-1. Sliding layers read them all too: the mask, which compares positions, hides the keys
+  outside their window (gemma4/model.py `attention_mask`).
+- `length` is how many positions hold committed K/V. The loop owns it; a forward never moves it.
+  Rolling back is lowering it: the slots above are stale, and the next forward overwrites them
+  before any query can read them.
 
-Shape legend: B batch, K kv heads, T new tokens, S slots read, D head dim, R ring slots."""
+The engine's cache keeps only a ring of the window on sliding layers, and many rows
+(gemma4/engine/ring.py). It holds the same keys for every query, in another order.
 
-from typing import NamedTuple
+Shape legend: G kv heads, S slots read, T new tokens, D head dim."""
 
 import torch
 from torch import Tensor
 
-from gemma4.config import FULL, SLIDING, TextConfig
+from gemma4.config import TextConfig
 
-# The positions the engine's prefill runs in one forward unless told (gemma4/README.md §15).
-PREFILL_CHUNK = 512
-# A ring always has room for a verify of 64 rows (63 drafts), whatever the prompt's forward.
-MIN_SLACK = 64
-# The position of a slot never written: outside every query's window.
-EMPTY = -(2**40)
-
-
-def ring_slack(forward: int) -> int:
-    """The slack a cache needs for forwards of this many positions and verifies of up to MIN_SLACK
-    rows."""
-    return max(forward, MIN_SLACK)
-
-
-class Slots(NamedTuple):
-    """Where one forward writes and which keys its layers read: made once per forward by
-    `KVCache.claim`."""
-    batch_index: Tensor  # (B, 1): the batch row of every write
-    positions: Tensor  # (B, T): the absolute positions written
-    ring: Tensor  # (B, T): their slots in a sliding layer's ring
-    end: int  # max_b start_b + T: full layers read positions 0..end-1 of every row
-    # Layer type -> the positions of the slots it reads, (1, S) or (B, S).
-    key_positions: dict[str, Tensor]
-
-
-class KV(NamedTuple):
-    """One layer's cached keys and values as a reader sees them (the drafter's `shared_kv`)."""
-    keys: Tensor  # (B, K, S, D)
-    values: Tensor  # (B, K, S, D)
-    positions: Tensor  # the slots' positions: (1, S) 0..S-1 on a full layer, (B, S) a ring's
+KVPair = tuple[Tensor, Tensor]  # a layer's keys and values, (1, G, S, D) each
 
 
 class KVCache:
-    def __init__(self, config: TextConfig, capacity: int, batch: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 slack: int = ring_slack(PREFILL_CHUNK)) -> None:
-        # The most positions it holds, the most one forward writes, and the slots of a sliding
-        # layer.
-        self.capacity, self.slack = capacity, slack
-        self.ring = min(capacity, config.sliding_window + slack)
-        self.length = torch.zeros(batch, dtype=torch.long)  # (B,) on the host
-        self.kinds = {i: config.layer_types[i] for i in range(config.first_shared_layer)}
-        # Layer -> (B, K, S_alloc, D), one pair per non-shared layer: S_alloc = capacity (full) or
-        # ring.
+    def __init__(self, config: TextConfig, capacity: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        self.capacity = capacity
+        self.length = 0  # positions 0..length-1 hold committed K/V
+        # Layer -> (1, G, capacity, D), for every layer before the first KV-shared one.
         self.keys: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
-        for i in self.kinds:
-            shape = (batch, config.kv_heads[i], self.allocate(i), config.head_dims[i])
-            self.keys[i] = torch.zeros(shape, dtype=dtype, device=device)
-            self.values[i] = torch.zeros(shape, dtype=dtype, device=device)
-        self.slot_positions = torch.full((batch, self.ring), EMPTY, device=device)  # (B, R)
+        for layer in range(config.first_shared_layer):
+            shape = (1, config.kv_heads[layer], capacity, config.head_dims[layer])
+            self.keys[layer] = torch.zeros(shape, dtype=dtype, device=device)
+            self.values[layer] = torch.zeros(shape, dtype=dtype, device=device)
 
-    def allocate(self, layer: int) -> int:
-        """The slots a layer's buffers get at first: all it may hold, the ring or the capacity (a
-        growing cache starts with none: mtp/extras/growing.py)."""
-        return self.ring if self.kinds[layer] == SLIDING else self.capacity
-
-    def claim(self, start: Tensor, t: int) -> Slots:
-        """Slots for T new tokens of every row b at start[b].. (start (B,) on the host), checked
-        once per forward, not per layer; records the positions the ring's slots will hold."""
-        if t > self.slack:
-            raise ValueError(f"a forward of {t} positions does not fit the sliding layers' slack "
-                             f"of {self.slack}: run it in chunks of at most {self.slack}")
-        # Host memory, read as numpy: no device is asked (a GPU tensor would raise).
-        starts, lengths = start.numpy(), self.length.numpy()
-        if (starts > lengths).any():
-            raise ValueError(f"writes at {starts.tolist()} would leave a hole: "
-                             f"{lengths.tolist()} are valid")
-        end = int(starts.max()) + t
+    def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> KVPair:
+        """Store k, v (1, G, T, D) at positions start..start+T-1; return slots 0..start+T-1, which
+        the forward's queries read."""
+        end = start + k.shape[2]
         if end > self.capacity:
-            raise ValueError(f"KV cache holds {self.capacity} positions; position {end - 1} "
-                             "does not fit")
-        device = self.slot_positions.device
-        positions = (start[:, None] + torch.arange(t)).to(device)  # (B, T)
-        # (B, 1), (B, T)
-        index, ring = torch.arange(len(start), device=device)[:, None], positions % self.ring
-        self.slot_positions[index, ring] = positions
-        # Full layers read positions 0..end-1, the same for every row; sliding ones the ring's slots
-        # in use.
-        full = torch.arange(end, device=device)[None]  # (1, S)
-        sliding = self.slot_positions[:, :min(end, self.ring)]  # (B, S)
-        return Slots(index, positions, ring, end, {FULL: full, SLIDING: sliding})
+            raise ValueError(f"the KV cache holds {self.capacity} positions; "
+                             f"position {end - 1} does not fit")
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
-    def write(self, layer: int, slots: Slots, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store k, v (B, K, T, D) at the claimed slots; return views of every slot the layer reads
-        (B, K, S, D)."""
-        where = slots.ring if self.kinds[layer] == SLIDING else slots.positions  # (B, T)
-        # Advanced indices [batch row, :, where] address (B, T, K, D): every row at its own slots.
-        self.keys[layer][slots.batch_index, :, where] = k.transpose(1, 2)
-        self.values[layer][slots.batch_index, :, where] = v.transpose(1, 2)
-        # S: the slots this layer's type reads, claimed once a forward.
-        s = slots.key_positions[self.kinds[layer]].shape[-1]
-        return self.keys[layer][:, :, :s], self.values[layer][:, :, :s]
-
-    def read(self, layer: int, end: int) -> KV:
-        """What a reader of positions 0..end-1 attends to: views of the slots in use and their
-        positions."""
-        if self.kinds[layer] == SLIDING:
-            s = min(end, self.ring)
-            positions = self.slot_positions[:, :s]  # (B, S)
-        else:
-            s, positions = end, torch.arange(end, device=self.slot_positions.device)[None]  # (1, S)
-        # (B, K, n, D) x 2
-        return KV(self.keys[layer][:, :, :s], self.values[layer][:, :, :s], positions)
+    def read(self, layer: int) -> KVPair:
+        """The committed K/V of one layer: positions 0..length-1, (1, G, length, D) each."""
+        return self.keys[layer][:, :, :self.length], self.values[layer][:, :, :self.length]

@@ -8,7 +8,7 @@ warps the same logits and draws the token at position n with noise keyed by (see
 position n draws there exactly what this loop draws.
 
 Many prompts at once, chunked prefill, media and a conversation's held cache are the engine's
-(gemma4/engine.py), held token-equal to this loop by the tests.
+(gemma4/engine/), held token-equal to this loop by the tests.
 
 Shape legend: T new tokens, V vocab."""
 
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gemma4.cache import KVCache, ring_slack
+from gemma4.cache import KVCache
 from gemma4.model import Gemma4Model
-from gemma4.sampling import TOKEN_STREAM, SamplerConfig
+from gemma4.sampling import SamplerConfig, sample, sampling_or_greedy
 
 
 class PromptError(ValueError):
@@ -34,8 +34,8 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
         raise PromptError("the prompt is empty: give at least one token")
     if bad := [i for i in prompt if not 0 <= i < c.vocab_size]:
         raise PromptError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab_size - 1}")
-    if media := [i for i in prompt if i in c.media_token_ids]:
-        raise PromptError(f"token id {media[0]} is a media soft token and nothing fills it: "
+    if placeholders := [i for i in prompt if i in c.media_token_ids]:
+        raise PromptError(f"token id {placeholders[0]} is a media soft token and nothing fills it: "
                           f"give the image, clip or frames it stands for, or remove it")
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -44,23 +44,24 @@ def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> 
                           f"{c.max_position_embeddings}: shorten it")
 
 
+def budget_of(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> int:
+    """How many new tokens a run may commit: the budget, or what the context leaves."""
+    return min(max_new_tokens, model.config.max_position_embeddings - len(prompt))
+
+
 def new_cache(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> KVCache:
-    """A cache for the prompt and the budget (within the context), whose sliding layers' rings take
-    the whole prompt in one forward (gemma4/README.md §15)."""
-    capacity = min(len(prompt) + max_new_tokens, model.config.max_position_embeddings)
+    """A cache for the prompt and the budget: every position the run can reach."""
     w = model.embed_tokens.weight
-    slack = ring_slack(len(prompt))
-    return KVCache(model.config, capacity, dtype=w.dtype, device=w.device, slack=slack)
+    capacity = len(prompt) + budget_of(model, prompt, max_new_tokens)
+    return KVCache(model.config, capacity, dtype=w.dtype, device=w.device)
 
 
-def next_token(model: Gemma4Model, logits: Tensor, sampler: SamplerConfig | None,
-               position: int) -> int:
-    """The token at `position` from the logits (V,) of the position before: the argmax without a
-    sampler (or at temperature 0), else the keyed draw from the warped logits, by the model's rule.
-    """
-    if sampler is None or sampler.greedy:
+def next_token(logits: Tensor, sampler: SamplerConfig | None, position: int) -> int:
+    """The token at `position` from the logits (V,) of the position before: the argmax when greedy
+    (sampler None), else the keyed draw from the warped logits."""
+    if sampler is None:
         return int(logits.argmax())
-    return model.sampling.sample(logits[None], sampler, TOKEN_STREAM, [position])[0]
+    return sample(logits, sampler, position)
 
 
 def finished(tokens: list[int], stop_ids: Sequence[int], budget: int) -> bool:
@@ -73,21 +74,21 @@ def finished(tokens: list[int], stop_ids: Sequence[int], budget: int) -> bool:
 def sample_generate(model: Gemma4Model, prompt: list[int], max_new_tokens: int,
                     sampler: SamplerConfig | None, stop_ids: Sequence[int] = ()) -> list[int]:
     """The new tokens, ending with the first stop id (kept) or after max_new_tokens (or the
-    context)."""
+    context). Greedy when `sampler` is None or its temperature 0."""
+    sampler = sampling_or_greedy(sampler)
     check_prompt(model, prompt, max_new_tokens)
     cache = new_cache(model, prompt, max_new_tokens)
-    budget = min(max_new_tokens, model.config.max_position_embeddings - len(prompt))
-    # The ids to run and the position of the first; the new tokens.
+    budget = budget_of(model, prompt, max_new_tokens)
+    # The ids to run next and the position of the first of them; the new tokens.
     ids, position, tokens = prompt, 0, []
     while not tokens or not finished(tokens, stop_ids, budget):
         # One forward: K/V of `ids` written at position.., the logits of the last one.
-        start_pos = torch.tensor([position])  # (B,) = (1,)
-        out = model.run(torch.tensor([ids]), cache, start_pos=start_pos, num_logits=1)
-        # K/V of 0..position-1 are valid now.
+        out = model(ids, start=position, cache=cache, last=1)
         position += len(ids)
-        cache.length[0] = position
-        tokens.append(next_token(model, out.logits[0, -1], sampler, position))
-        ids = tokens[-1:]
+        cache.length = position  # K/V of 0..position-1 are committed
+        token = next_token(out.logits[-1], sampler, position)
+        tokens.append(token)
+        ids = [token]
     return tokens
 
 

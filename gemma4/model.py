@@ -10,31 +10,25 @@ Design: gemma4/README.md (cited as §n). Facts a reader must know:
   reads.
 - Per-Layer Embeddings (E2B/E4B) add a small per-layer input to every layer (§12); the MoE block
   (26B-A4B) runs beside the dense MLP, not instead of it (§10).
-- A forward runs rows that may sit at different positions: `start_pos` (B,) holds each row's first;
-  RoPE, masks and cache writes are per row. One prompt is one row. Projections are `nn.Linear`, no
-  bias.
+- The model's forward runs one row: the ids at positions start..start+T-1, written into the
+  textbook's cache (gemma4/cache.py). The layers take a batch dimension B, which is 1 here; the
+  engine runs many rows through the same layers (gemma4/engine/forward.py). Projections are
+  `nn.Linear`, no bias.
 
-Shape legend: B batch, T new tokens, S key positions, H query heads, K kv heads, D head dim, E
-hidden size, V vocab, L layers, P PLE width."""
+Shape legend: B rows (1 in the textbook), T new tokens, S key positions, H query heads, G kv heads,
+D head dim, E hidden size, V vocab, L layers, P PLE width."""
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gemma4.cache import KV, KVCache, Slots
+from gemma4.cache import KVCache, KVPair
 from gemma4.config import SLIDING, RopeConfig, TextConfig
 from gemma4.moe import Experts, Router
 from gemma4.norms import RMSNorm, gelu, rms_norm
-from gemma4.sampling import TEXTBOOK
-
-# A prompt's images or audio, as the engine hands them to a forward (gemma4/media.py).
-if TYPE_CHECKING:
-    from gemma4.media import Soft
-
-KVPair = tuple[Tensor, Tensor]  # a layer's keys and values, (B, K, S, D) each
 
 
 def linear(in_features: int, out_features: int) -> nn.Linear:
@@ -80,19 +74,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- masks (§8)
 
-def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None,
-                   both_ways: tuple[Tensor, Tensor] | None = None) -> Tensor:
+def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
     """q_pos (B, T), k_pos (B or 1, S) -> (B, 1, T, S) bool, True = visible, one mask for all heads
-    of a row: key j to query p iff j <= p (and p - window < j). The one mask helper: prefill,
-    decode, verify and the drafter. Keys are known by their absolute positions, so a sliding layer's
-    ring (slots in any order, stale or empty ones among them, gemma4/cache.py) and a key past a
-    row's own positions (stale) are hidden by the same comparison. `both_ways` (lo, hi), each (B,
-    T): query p also sees the keys lo <= j < hi of its span, ahead of it too (§19)."""
+    of a row: key j to query p iff j <= p (and p - window < j). Prefill, decode, verify and the
+    drafter all use it. Keys are known by their positions, so the sliding layers' window is this
+    comparison alone, whatever slots the cache holds."""
     p, k = q_pos[..., None], k_pos[:, None, :]  # (B, T, 1), (B, 1, S)
     visible = k <= p  # (B, T, S)
-    # OR first, then the window's AND: both ways only within the window.
-    if both_ways is not None:
-        visible = visible | ((k >= both_ways[0][..., None]) & (k < both_ways[1][..., None]))
     if window is not None:
         visible &= k > p - window
     return visible[:, None]  # (B, 1, T, S)
@@ -113,20 +101,16 @@ class LayerInputs(NamedTuple):
 
 
 def layer_inputs(c: TextConfig, positions: Tensor, key_positions: dict[str, Tensor],
-                 dtype: torch.dtype, shift: int = 0,
-                 both_ways: tuple[Tensor, Tensor] | None = None) -> dict[str, LayerInputs]:
+                 dtype: torch.dtype, shift: int = 0) -> dict[str, LayerInputs]:
     """RoPE at `positions` (B, T) and masks over the keys each layer type reads, once per type:
     key_positions[type] holds the positions of the slots read, (1, S) or (B, S). The target's
     queries see keys up to their own position (shift 0). The drafter passes shift 1: its query at p
-    sees the target's keys 0..p-1, and its sliding layers one key more than the target's (mtp §5).
-    `both_ways`: an image's tokens see each other both ways on sliding layers only; full layers stay
-    causal (§19)."""
+    sees the target's keys 0..p-1, and its sliding layers one key more than the target's
+    (mtp §5)."""
     out = {}
     for kind in set(c.layer_types):
         window = c.sliding_window + shift if kind == SLIDING else None
-        both = both_ways if kind == SLIDING else None
-        # (B, 1, T, S)
-        visible = attention_mask(positions - shift, key_positions[kind], window, both)
+        visible = attention_mask(positions - shift, key_positions[kind], window)  # (B, 1, T, S)
         head_dim = c.head_dims[c.layer_types.index(kind)]
         freqs = rope_frequencies(c.rope[kind], head_dim, positions.device)
         cos, sin = rope_cos_sin(positions, freqs, dtype)
@@ -135,8 +119,8 @@ def layer_inputs(c: TextConfig, positions: Tensor, key_positions: dict[str, Tens
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """q (B, T, H, D), k/v (B, K, S, D), mask (B, 1, T, S) -> (B, T, H*D). Scale 1.0, GQA h -> h //
-    (H/K)."""
+    """q (B, T, H, D), k/v (B, G, S, D), mask (B, 1, T, S) -> (B, T, H*D). Scale 1.0; query head h
+    reads kv head h // (H/G)."""
     q = q.transpose(1, 2)  # (B, H, T, D)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0, enable_gqa=True)
     return out.transpose(1, 2).flatten(2)  # (B, H, T, D) -> (B, T, H*D)
@@ -166,31 +150,33 @@ class Attention(nn.Module):
                 self.v_proj = linear(e, self.kv_heads * d)
 
     def project(self, x: Tensor, inp: LayerInputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """x (B, T, E) -> q (B, T, H, D) and this layer's new k, v (B, K, T, D) (None on a shared
+        """x (B, T, E) -> q (B, T, H, D) and this layer's new k, v (B, G, T, D) (None on a shared
         layer): projected, normed, q and k rotated."""
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim))  # (B, T, H, D)
         q = apply_rope(q, inp.cos, inp.sin)
         if self.shared:
             return q, None, None
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)  # (B, T, K, D)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)  # (B, T, G, D)
         # K=V layers: V is the *raw* key projection, taken before k_norm and RoPE.
-        # (B, T, K, D)
+        # (B, T, G, D)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim) if self.has_v_proj else k
         k = apply_rope(self.k_norm(k), inp.cos, inp.sin)
         # v_norm has no weight.
         v = rms_norm(v, None, self.eps)
-        return q, k.transpose(1, 2), v.transpose(1, 2)  # (B, T, H, D), (B, K, T, D) x 2
+        return q, k.transpose(1, 2), v.transpose(1, 2)  # (B, T, H, D), (B, G, T, D) x 2
 
-    def forward(self, x: Tensor, inp: LayerInputs, cache: KVCache | None, slots: Slots | None,
-                shared_kv: KVPair | None) -> tuple[Tensor, KVPair]:
-        """x (B, T, E) -> (B, T, E), and the K/V this layer read: every slot its cache holds for it
-        (without a cache, this forward's)."""
+    def forward(self, x: Tensor, inp: LayerInputs, cache: KVCache | None = None, at: Any = None,
+                shared_kv: KVPair | None = None) -> tuple[Tensor, KVPair]:
+        """x (B, T, E) -> (B, T, E), and the K/V this layer read. `cache.write(layer, at, k, v)`
+        stores this forward's K/V and returns every key its queries read: `at` is the start
+        position for the textbook's cache (the engine's ring takes its own `Slots`). Without a
+        cache, the queries read this forward's keys; a shared layer reads `shared_kv`."""
         q, k, v = self.project(x, inp)
         if self.shared:
-            k, v = shared_kv  # (B, K, S, D) of the source layer, this forward's positions included
+            k, v = shared_kv  # (B, G, S, D) of the source layer, this forward's positions included
         elif cache is not None:
-            k, v = cache.write(self.layer, slots, k, v)  # (B, K, S, D) views of the slots in use
+            k, v = cache.write(self.layer, at, k, v)  # (B, G, S, D)
         out = attend(q, k, v, inp.mask)  # (B, T, H*D)
         return self.o_proj(out), (k, v)
 
@@ -236,10 +222,12 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm_1 = RMSNorm(e, eps)
             self.post_feedforward_layernorm_2 = RMSNorm(e, eps)
 
-    def forward(self, h: Tensor, inp: LayerInputs, ple: Tensor | None, cache: KVCache | None,
-                slots: Slots | None, shared_kv: KVPair | None) -> tuple[Tensor, KVPair]:
-        """h (B, T, E) -> (B, T, E); ple (B, T, P) or None."""
-        a, kv = self.self_attn(self.input_layernorm(h), inp, cache, slots, shared_kv)
+    def forward(self, h: Tensor, inp: LayerInputs, ple: Tensor | None = None,
+                cache: KVCache | None = None, at: Any = None,
+                shared_kv: KVPair | None = None) -> tuple[Tensor, KVPair]:
+        """h (B, T, E) -> (B, T, E); ple (B, T, P) or None. `cache`, `at`, `shared_kv`: see
+        Attention.forward."""
+        a, kv = self.self_attn(self.input_layernorm(h), inp, cache, at, shared_kv)
         h = h + self.post_attention_layernorm(a)
         m = self.mlp(self.pre_feedforward_layernorm(h))
         # MoE beside the dense MLP, both fed from the same residual h.
@@ -267,10 +255,8 @@ class TiedHead(nn.Module):
 
 
 class ModelOutput(NamedTuple):
-    logits: Tensor  # (B, n, V) for the last n positions, softcapped
-    hidden: Tensor  # (B, T, E) after the final norm: the drafter's "hidden" input
-    # type -> K, V (B, K, S, D) of kv_source(type) and their positions: what the drafter reads.
-    shared_kv: dict[str, KV]
+    logits: Tensor  # (n, V) for the last n positions, softcapped, at least float32
+    hidden: Tensor  # (T, E) after the final norm: the drafter's "hidden" input
 
 
 class Gemma4Model(nn.Module):
@@ -285,10 +271,6 @@ class Gemma4Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(e, config.rms_norm_eps)
         self.head = TiedHead()
-        # How its logits are drawn (gemma4/sampling.py); the speed layer may give a model its own.
-        self.sampling = TEXTBOOK
-        # On the host, as the ids (built on the meta device, a tensor would be empty).
-        self.media_ids = torch.tensor(config.media_token_ids, dtype=torch.long, device="cpu")
         if config.ple_dim:
             vp, lp = config.ple_vocab_size, config.num_layers * config.ple_dim
             self.embed_tokens_per_layer = nn.Embedding(vp, lp, _weight=torch.empty(vp, lp))
@@ -318,55 +300,32 @@ class Gemma4Model(nn.Module):
         ctx = self.per_layer_projection_norm(ctx.unflatten(-1, (c.num_layers, c.ple_dim)))
         return (ctx + tok.unflatten(-1, (c.num_layers, c.ple_dim))) * 2**-0.5
 
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """input_ids (B, T) -> softcapped logits (B, T, V), no cache: the plain public call."""
-        return self.run(input_ids).logits
-
-    def run(self, input_ids: Tensor, cache: KVCache | None = None, start_pos: Tensor | None = None,
-            num_logits: int | None = None, soft: "Soft | None" = None) -> ModelOutput:
-        """input_ids (B, T), row b at positions start_pos[b]..start_pos[b]+T-1 (start_pos (B,) on
-        the host; None: 0).
-
-        With a cache, K/V are written at those positions and queries attend to 0..start_pos+T-1
-        (sliding layers: what their ring holds of it); the caller moves `cache.length`.
-        `num_logits`: the head on the last n positions only (0: none). `soft`: vectors in place of
-        some embeddings (§19)."""
+    def forward(self, ids: list[int], start: int = 0, cache: KVCache | None = None,
+                last: int | None = None) -> ModelOutput:
+        """One row: `ids` at positions start..start+T-1. Their K/V are written into `cache` at those
+        positions, and the queries read positions 0..start+T-1. The caller moves `cache.length`.
+        Without a cache, start is 0 and the queries read this forward's keys. `last`: logits for the
+        last n positions only (None: all T)."""
         c = self.config
-        b, t = input_ids.shape
-        # Media ids (a prompt's soft tokens, or one the model generated) embed as the pad token (id
-        # 0), PLE rows too, as transformers does; a soft token's embedding is then replaced by its
-        # vector.
-        media = torch.isin(input_ids, self.media_ids.to(input_ids.device))  # (B, T)
-        input_ids = input_ids.masked_fill(media, 0)
-        x = self.embed(input_ids.to(self.embed_tokens.weight.device))  # (B, T, E)
-        tok = self.per_layer_rows(input_ids, x) if c.ple_dim else None  # (B, T, L*P)
-        if soft is not None:
-            x = x.masked_scatter(soft.where[..., None].to(x.device), soft.vectors.to(x.dtype))
-        # The per-layer inputs see the soft vectors too.
-        ple = self.per_layer_inputs(tok, x) if c.ple_dim else None  # (B, T, L, P)
-        start = torch.zeros(b, dtype=torch.long) if start_pos is None else start_pos  # (B,)
-        if cache is None:
-            # Positions 0..T-1, every layer reading this forward's keys.
-            if bool(start.any()):
-                raise ValueError("a forward without a cache starts at position 0")
-            positions, slots = torch.arange(t, device=x.device)[None], None  # (1, T): every row's
-            key_positions = {kind: positions for kind in c.layer_types}
-        else:
-            # Where the K/V go and which keys each type reads, once.
-            slots = cache.claim(start, t)
-            positions, key_positions = slots.positions, slots.key_positions  # (B, T)
-        both_ways = None if soft is None else soft.both_ways
-        inputs = layer_inputs(c, positions, key_positions, x.dtype, both_ways=both_ways)
-        hidden, source_kv = self.stack(x, ple, inputs, cache, slots)
-        shown = t if num_logits is None else num_logits
-        shared_kv = {kind: KV(k, v, key_positions[kind]) for kind, (k, v) in source_kv.items()}
-        return ModelOutput(self.logits(hidden[:, t - shown:]), hidden, shared_kv)
+        end = start + len(ids)
+        # A media id the model generates embeds as the pad token (id 0), its PLE rows too, as in
+        # transformers. (Prompts with media run in the engine: gemma4/engine/forward.py.)
+        ids = [0 if i in c.media_token_ids else i for i in ids]
+        tokens = torch.tensor([ids], device=self.embed_tokens.weight.device)  # (1, T)
+        x = self.embed(tokens)  # (1, T, E)
+        ple = self.per_layer_inputs(self.per_layer_rows(tokens, x), x) if c.ple_dim else None
+        positions = torch.arange(start, end, device=x.device)[None]  # (1, T)
+        # Every layer reads keys 0..end-1; a sliding layer's mask hides those outside its window.
+        keys = torch.arange(end, device=x.device)[None]  # (1, S)
+        inputs = layer_inputs(c, positions, {kind: keys for kind in c.layer_types}, x.dtype)
+        hidden, _ = self.stack(x, ple, inputs, cache, start)  # (1, T, E)
+        shown = len(ids) if last is None else last
+        return ModelOutput(self.logits(hidden[0, len(ids) - shown:]), hidden[0])
 
     def stack(self, x: Tensor, ple: Tensor | None, inputs: dict[str, LayerInputs],
-              cache: KVCache | None, slots: Slots | None) -> tuple[Tensor, dict[str, KVPair]]:
+              cache: Any, at: Any) -> tuple[Tensor, dict[str, KVPair]]:
         """The layers and the final norm: x (B, T, E), ple (B, T, L, P) or None -> hidden (B, T, E)
-        and type -> the K/V of kv_source(type). `slots`: where the K/V go (KVCache.claim's; None
-        without a cache)."""
+        and type -> the K/V of kv_source(type). `cache` and `at`: see Attention.forward."""
         # L x (B, T, P)
         ples = [None] * self.config.num_layers if ple is None else ple.unbind(dim=2)
         # type -> the newest non-shared layer's K/V: after the loop, exactly kv_source(type)'s.
@@ -374,7 +333,7 @@ class Gemma4Model(nn.Module):
         h = x
         for layer, layer_ple in zip(self.layers, ples):
             shared = source_kv[layer.kind] if layer.shared else None
-            h, kv = layer(h, inputs[layer.kind], layer_ple, cache, slots, shared)
+            h, kv = layer(h, inputs[layer.kind], layer_ple, cache, at, shared)
             if not layer.shared:
                 source_kv[layer.kind] = kv
         return self.norm(h), source_kv

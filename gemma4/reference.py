@@ -13,9 +13,8 @@ def reference_greedy(
 ) -> list[int]:
     """Obviously correct and slow: recompute the whole sequence for every new token, no cache."""
     seq = list(prompt)
-    device = model.embed_tokens.weight.device
     for _ in range(max_new_tokens):
-        token = int(model(torch.tensor([seq], device=device))[0, -1].argmax())
+        token = int(model(seq).logits[-1].argmax())  # the one row, from position 0, no cache
         seq.append(token)
         if token in stop_ids:
             break

@@ -7,31 +7,28 @@ draft was kept.
 - greedy (§7): g_i is the argmax of row i. Token equality, never a probability.
 - keyed (§11, argmax drafting): g_i is the keyed sample of row i at its position, exactly what plain
   sampling draws there. This is the rejection rule for a one-hot q.
-- rejection (§11, sample drafting): keep d_i iff u_i · q_i(d_i) < p_i(d_i); the first rejection is
-  replaced by a draw from max(0, p - q), the bonus drawn from the last row (Leviathan et al. 2023;
-  mtp/sample_drafting.py). Every draw is keyed by (seed, stream, position) alone
-  (gemma4/sampling.py), never by how many came before.
-The sampling rules draw with the target's own rule (`target.sampling`: `rule` here)."""
+- rejection (§11, sample drafting): mtp/sample_drafting.py."""
 
 from collections.abc import Iterable
 
 from torch import Tensor
 
-from gemma4.sampling import TOKEN_STREAM, SamplerConfig, Sampling
+from gemma4.sampling import SamplerConfig, sample
 from mtp.sample_drafting import accept_rejection
 
 
-def accept(rule: Sampling, drafts: list[int], logits: Tensor, sampler: SamplerConfig | None,
-           newest: int, q: Tensor | None) -> list[int]:
-    """g_0..g_a by the rule of this run: greedy without a sampler, the rejection rule with the
-    drafter's q (K, V) (sample drafting), keyed samples otherwise. logits (K+1, V) choose positions
-    newest+1..newest+K+1, `newest` the newest committed position."""
+def accept(drafts: list[int], logits: Tensor, sampler: SamplerConfig | None, newest: int,
+           q: list[Tensor]) -> list[int]:
+    """g_0..g_a by the rule of this run: greedy when `sampler` is None, the rejection rule when
+    the drafter's q rows are given (sample drafting), keyed samples otherwise. logits (K+1, V)
+    choose positions newest+1..newest+K+1."""
     if sampler is None:
         return agree(drafts, logits.argmax(dim=-1).tolist())
-    if q is not None and drafts:
-        return accept_rejection(rule, drafts, q, logits, sampler, newest)
-    positions = list(range(newest + 1, newest + len(drafts) + 2))
-    return agree(drafts, rule.draws(logits, sampler, TOKEN_STREAM, positions))
+    if q:
+        return accept_rejection(drafts, q, logits, sampler, newest)
+    # Drawn one row at a time, as `agree` asks: no row past the first mismatch.
+    draws = (sample(row, sampler, newest + 1 + i) for i, row in enumerate(logits))
+    return agree(drafts, draws)
 
 
 def agree(drafts: list[int], tokens: Iterable[int]) -> list[int]:

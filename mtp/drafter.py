@@ -12,21 +12,21 @@ Design: mtp/README.md (cited as §n). Facts a reader must know:
 - `model.embed_tokens` is the drafter's output head, never an input embedding. E2B/E4B drafters use
   a centroid head over it (§6): score 2048 clusters, keep the top 32, score only their 4096 tokens.
 
-Shape legend: B batch, E target hidden, D drafter hidden, V vocab, C centroids, k top centroids, S
-key positions."""
+Shape legend: B rows (1 in the textbook), E target hidden, U drafter width, V vocab, C centroids,
+N centroids kept, S key positions."""
 
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from gemma4.cache import KV, KVCache
+from gemma4.cache import KVCache, KVPair
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.model import (
     DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear,
 )
-from gemma4.sampling import SamplerConfig
-from mtp.sample_drafting import draw_drafts
+from gemma4.sampling import DRAFT_STREAM, SamplerConfig, draw, warp
+from mtp.sample_drafting import draft_logits
 
 
 @dataclass(frozen=True)
@@ -47,20 +47,20 @@ class CentroidHead(nn.Module):
         self.centroids = linear(cfg.text.hidden_size, cfg.num_centroids)
         self.register_buffer("token_ordering", torch.empty(cfg.text.vocab_size, dtype=torch.long))
 
-    def candidates(self, hn: Tensor, head: Tensor) -> tuple[Tensor, Tensor]:
-        """hn (B, D), head (V, D) -> token ids (B, k*V/C) and their scores (B, k*V/C)."""
-        top = self.centroids(hn).topk(self.top_k, dim=-1).indices  # (B, k)
+    def scored_tokens(self, hn: Tensor, head: Tensor) -> tuple[Tensor, Tensor]:
+        """hn (B, U), head (V, U) -> token ids (B, N*V/C) and their scores (B, N*V/C)."""
+        top = self.centroids(hn).topk(self.top_k, dim=-1).indices  # (B, N)
         # (C, V/C): cluster -> its tokens
         table = self.token_ordering.view(self.centroids.out_features, -1)
-        ids = table[top].flatten(1)  # (B, k*V/C)
-        scores = (head[ids] @ hn[:, :, None]).squeeze(-1)  # (B, k*V/C, D) @ (B, D, 1) -> (B, k*V/C)
-        return ids, scores
+        ids = table[top].flatten(1)  # (B, N*V/C)
+        scores = (head[ids] @ hn[:, :, None]).squeeze(-1)  # (B, N*V/C, U) @ (B, U, 1)
+        return ids, scores  # (B, N*V/C) each
 
     def greedy(self, hn: Tensor, head: Tensor) -> Tensor:
         """(B,) argmax without a length-V vector; exact ties go to the lowest id, as argmax over V
         would."""
-        ids, scores = self.candidates(hn, head)
-        best = scores == scores.max(dim=-1, keepdim=True).values  # (B, k*V/C)
+        ids, scores = self.scored_tokens(hn, head)
+        best = scores == scores.max(dim=-1, keepdim=True).values  # (B, N*V/C)
         # Above every id: a candidate that is not the best never wins the min.
         never = ids.new_full((), torch.iinfo(ids.dtype).max)
         return torch.where(best, ids, never).min(dim=-1).values
@@ -91,69 +91,56 @@ class Drafter(nn.Module):
         else:
             self.head = TiedHead()  # a dense head over `model.embed_tokens` (26B/31B)
 
-    def layer_inputs(self, positions: Tensor, shared_kv: dict[str, KV], dtype: torch.dtype
-                     ) -> dict[str, LayerInputs]:
-        """RoPE at the query positions (B, T) and masks over the target's keys, known by their
-        positions (a sliding ring's slots included). A query at p sees the target's keys 0..p-1, and
-        its sliding layers the newest W_d + 1 of them (§5): shift 1."""
-        key_positions = {kind: kv.positions for kind, kv in shared_kv.items()}
-        return layer_inputs(self.config.text, positions, key_positions, dtype, shift=1)
-
-    def step(
-        self, token_embedding: Tensor, hidden: Tensor, inputs: dict[str, LayerInputs],
-        shared_kv: dict[str, KV],
-    ) -> tuple[Tensor, Tensor]:
-        """One draft step (§4). token_embedding, hidden (B, T, E) -> normed state (B, T, D), next
-        hidden (B, T, E)."""
-        # (B, T, 2E) -> (B, T, D)
+    def step(self, token_embedding: Tensor, hidden: Tensor, inputs: dict[str, LayerInputs],
+             kv: dict[str, KVPair]) -> tuple[Tensor, Tensor]:
+        """One draft step (§4). token_embedding, hidden (B, T, E) -> normed state (B, T, U), next
+        hidden (B, T, E). `kv`: layer type -> the target's keys and values it reads."""
+        # (B, T, 2E) -> (B, T, U)
         u = self.pre_projection(torch.cat([token_embedding, hidden], dim=-1))
         for layer in self.model.layers:
             # Every drafter layer is KV-shared: it reads the target's K/V of its type.
-            kv = shared_kv[layer.kind]
-            u, _ = layer(u, inputs[layer.kind], None, None, None, (kv.keys, kv.values))
-        hn = self.model.norm(u)  # (B, T, D)
+            u, _ = layer(u, inputs[layer.kind], shared_kv=kv[layer.kind])
+        hn = self.model.norm(u)  # (B, T, U)
         return hn, self.post_projection(hn)
 
     def greedy_token(self, hn: Tensor) -> Tensor:
-        """(B, D) -> (B,) the proposed token, without a full-vocabulary tensor on the centroid head.
+        """(B, U) -> (B,) the proposed token, without a full-vocabulary tensor on the centroid head.
         """
         if self.config.use_ordered_embeddings:
             return self.masked_embedding.greedy(hn, self.model.embed_tokens.weight)
         return self.head(hn, self.model.embed_tokens.weight).argmax(dim=-1)
 
     @torch.inference_mode()
-    def propose(
-        self, target: Gemma4Model, tokens: list[int], hidden: Tensor, positions: list[int],
-        shared_kv: dict[str, KV], k: int, samplers: list[SamplerConfig] | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """k drafts for each of B rows: row b's after tokens[b] at positions[b], from the target's
-        post-norm hidden (B, E) at positions[b] - 1 and its K/V (type -> the cache's `KV`; the mask
-        hides row b's keys from positions[b] on). Greedy without samplers; with one per row
-        (`sample` drafting, §11), draft j of row b is drawn from its warped q_j with DRAFT_STREAM
-        noise keyed at positions[b] + j, by the target's rule. -> drafts (B, k), q (B, k, V) or
-        None."""
-        h = hidden[:, None]  # (B, 1, E)
-        ids = torch.tensor(tokens, device=hidden.device)[:, None]  # (B, 1)
-        # Every step of a round queries the same position (§4).
-        query = torch.tensor(positions, device=hidden.device)[:, None]  # (B, 1)
-        inputs = self.layer_inputs(query, shared_kv, hidden.dtype)
-        drafted: list[Tensor] = []
-        probs: list[Tensor] = []
+    def propose(self, target: Gemma4Model, *, token: int, hidden: Tensor, position: int,
+                kv: dict[str, KVPair], k: int, sampler: SamplerConfig | None = None,
+                ) -> tuple[list[int], list[Tensor]]:
+        """k drafts after `token`, the newest committed one, at `position`. `hidden` (E,) is the
+        target's post-norm hidden at position - 1; `kv` its K/V of positions 0..position-1
+        (`target_kv`). Greedy: each draft is the drafter's argmax. With a sampler (sample
+        drafting, §11), draft j is drawn from q_j, its warped logits, with DRAFT_STREAM noise
+        keyed at position + j. -> the drafts, and q_1..q_k (V,) each (none when greedy)."""
+        device = hidden.device
+        # Every step of a round queries the same position, over keys 0..position-1 (§4).
+        query = torch.tensor([[position]], device=device)  # (1, 1)
+        keys = torch.arange(position, device=device)[None]  # (1, S)
+        inputs = layer_inputs(self.config.text, query, {SLIDING: keys, FULL: keys}, hidden.dtype,
+                              shift=1)
+        h = hidden[None, None]  # (1, 1, E)
+        drafts, q = [], []
         for j in range(1, k + 1):
-            hn, h = self.step(target.embed(ids), h, inputs, shared_kv)  # (B, 1, D), (B, 1, E)
-            if samplers is None:
-                ids = self.greedy_token(hn[:, 0])[:, None]  # (B, 1)
+            x = target.embed(torch.tensor([[token]], device=device))  # (1, 1, E)
+            hn, h = self.step(x, h, inputs, kv)  # (1, 1, U), (1, 1, E)
+            if sampler is None:
+                token = int(self.greedy_token(hn[:, 0]))
             else:
-                ids, q = draw_drafts(self, target.sampling, hn[:, 0], samplers, positions, j)
-                probs.append(q)  # (B, V)
-            drafted.append(ids)
-        q = torch.stack(probs, dim=1) if probs else None  # (B, k, V)
-        return torch.cat(drafted, dim=1), q  # (B, k)
+                q.append(warp(draft_logits(self, hn[:, 0], float("-inf"))[0], sampler))  # (V,)
+                token = draw(q[-1], sampler.seed, DRAFT_STREAM, position + j)
+            drafts.append(token)
+        return drafts, q
 
 
-def target_kv(cache: KVCache, target: Gemma4Model, end: int) -> dict[str, KV]:
-    """What the drafter reads (§3): K/V of positions 0..end-1 of the target's last non-shared
-    sliding and full layers, with their slots' positions. A ring's stale slots past a row's newest
-    position are hidden by the mask."""
+def target_kv(cache: KVCache, target: Gemma4Model) -> dict[str, KVPair]:
+    """What the drafter reads (§3): the committed K/V, positions 0..cache.length-1, of the target's
+    last non-shared sliding and full layers."""
     c = target.config
-    return {kind: cache.read(c.kv_source(kind), end) for kind in (SLIDING, FULL)}
+    return {kind: cache.read(c.kv_source(kind)) for kind in (SLIDING, FULL)}

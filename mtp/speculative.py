@@ -9,8 +9,8 @@ the drafter proposed. The drafter changes how many forwards the target runs, nev
 
 Invariant at the start of every round: the target cache holds valid K/V for positions 0..newest-1
 (every committed token except the newest, at `newest`), and the loop holds h[newest-1], the target's
-post-norm hidden there. Anything stored at positions >= newest is stale and is overwritten by later
-writes.
+post-norm hidden there. The cache keeps every position (gemma4/cache.py): anything stored at
+positions >= newest is stale, and the next forward overwrites it before any query reads it.
 
 Sampling (temperature > 0) changes only how drafts are made (step 2) and accepted (step 4): `argmax`
 drafting (the default) equals plain keyed sampling token for token, `sample` drafting is exact in
@@ -27,12 +27,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from gemma4.generate import check_prompt, finished, new_cache, next_token
+from gemma4.generate import budget_of, check_prompt, finished, new_cache, next_token
 from gemma4.model import Gemma4Model
-from gemma4.sampling import SamplerConfig
+from gemma4.sampling import SamplerConfig, sampling_or_greedy
 from mtp.accept import accept, cut_at_stop
 from mtp.drafter import Drafter, target_kv
-from mtp.schedule import DraftLength
+from mtp.schedule import Constant, DraftLength
 from mtp.stats import Round, SpecResult, result_of
 
 DRAFTING = ("argmax", "sample")
@@ -41,62 +41,59 @@ DRAFTING = ("argmax", "sample")
 @torch.inference_mode()
 def speculative_rounds(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
-    draft_length: DraftLength, stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None,
-    drafting: str = "argmax",
+    draft_length: DraftLength | int, stop_ids: Sequence[int] = (),
+    sampler: SamplerConfig | None = None, drafting: str = "argmax",
 ) -> Iterator[Round]:
     """Every round of one run, as it commits: the prefill first, then one per verify. Greedy with
-    `sampler=None` or temperature 0, else sampling with `drafting`. `draft_length` chooses each
-    round's K and learns across calls."""
+    `sampler=None` or temperature 0, else sampling with `drafting`. `draft_length`: K drafts a
+    round (an int), or a schedule that chooses each round's K and learns across calls."""
     sampler = check_sampling(sampler, drafting)
     check_prompt(target, prompt, max_new_tokens)
-    draft_length.start_call()
+    schedule = Constant(draft_length) if type(draft_length) is int else draft_length
+    schedule.start_call()
     cache = new_cache(target, prompt, max_new_tokens)
-    budget = min(max_new_tokens, target.config.max_position_embeddings - len(prompt))
+    budget = budget_of(target, prompt, max_new_tokens)
 
     # 0. Prefill: one forward over the prompt (positions 0..P-1) commits the token at P; the loop
     #    keeps h[P-1].
-    out = target.run(torch.tensor([prompt]), cache, start_pos=torch.tensor([0]), num_logits=1)
+    out = target(prompt, start=0, cache=cache, last=1)
     newest = len(prompt)
-    cache.length[0] = newest
-    tokens = [next_token(target, out.logits[0, -1], sampler, newest)]
-    hidden = out.hidden[:, -1]  # (1, E)
-    yield Round(newest - 1, [], tokens[:], tokens[:], prefill=True)
+    cache.length = newest
+    tokens = [next_token(out.logits[-1], sampler, newest)]
+    hidden = out.hidden[-1]  # (E,)
+    yield Round(newest - 1, [], tokens.copy(), tokens.copy(), prefill=True)
     done = finished(tokens, stop_ids, budget)
     while not done:
         # 1. Budget: never draft what could not be committed (the drafts and one target token
-        #    within the budget), nor more than the sliding layers' slack verifies in one forward.
-        k = draft_length.next(min(budget - len(tokens) - 1, cache.slack - 1))
+        #    within the budget).
+        k = schedule.next(budget - len(tokens) - 1)
 
         # 2. Draft d_1..d_K from (the newest token, h[newest-1], position newest) and the target's
         #    K/V of 0..newest-1: the drafter's argmax, or (sample drafting) draws from its q.
-        drafts, q = [], None
-        if k:
-            kv = target_kv(cache, target, newest)
-            samplers = [sampler] if drafting == "sample" else None
-            drafted, q = drafter.propose(target, tokens[-1:], hidden, [newest], kv, k, samplers)
-            drafts, q = drafted[0].tolist(), None if q is None else q[0]  # (K, V) or None
+        drafts, q = drafter.propose(
+            target, token=tokens[-1], hidden=hidden, position=newest,
+            kv=target_kv(cache, target), k=k, sampler=sampler if drafting == "sample" else None)
 
         # 3. Verify [newest token, d_1..d_K] at positions newest..newest+K in one target forward:
         #    K/V written there, logits rows 0..K choosing positions newest+1..newest+K+1.
-        ids = torch.tensor([tokens[-1:] + drafts])  # (1, K+1)
-        out = target.run(ids, cache, start_pos=torch.tensor([newest]))  # logits (1, K+1, V)
+        out = target([tokens[-1], *drafts], start=newest, cache=cache)  # logits (K+1, V)
 
         # 4. Accept: g_0..g_a, the target's tokens while d_i == g_(i-1) (greedy: its argmax;
         #    sampling: the rules of mtp/accept.py). The schedule learns how many it kept.
-        targets = accept(target.sampling, drafts, out.logits[0], sampler, newest, q)
-        a = len(targets) - 1
-        draft_length.observe(k, a)
+        targets = accept(drafts, out.logits, sampler, newest, q)
+        matched = len(targets) - 1
+        schedule.observe(k, matched)
 
         # 5. Commit d_1..d_a and g_a, the target's own token, cut after the first stop id.
-        block = cut_at_stop(drafts[:a] + targets[-1:], stop_ids)
+        block = cut_at_stop(drafts[:matched] + targets[-1:], stop_ids)
         tokens += block
         yield Round(newest, drafts, targets, block)
 
         # 6. Roll back: positions newest..newest+a hold the committed tokens' K/V, the rest of
         #    the verify's are stale. The next hidden, h[newest+a], is the verify's row a.
-        newest += a + 1
-        cache.length[0] = newest
-        hidden = out.hidden[:, a]  # (1, E)
+        newest += matched + 1
+        cache.length = newest
+        hidden = out.hidden[matched]  # (E,)
 
         # 7. Stop after a committed stop id or once the budget is spent; else the next round.
         done = finished(tokens, stop_ids, budget)
@@ -104,8 +101,8 @@ def speculative_rounds(
 
 def speculative_generate(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
-    draft_length: DraftLength, stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None,
-    drafting: str = "argmax",
+    draft_length: DraftLength | int, stop_ids: Sequence[int] = (),
+    sampler: SamplerConfig | None = None, drafting: str = "argmax",
 ) -> SpecResult:
     """The new tokens of `speculative_rounds`, their statistics and why the run ended."""
     rounds = speculative_rounds(target, drafter, prompt, max_new_tokens, draft_length, stop_ids,
@@ -118,7 +115,7 @@ def check_sampling(sampler: SamplerConfig | None, drafting: str) -> SamplerConfi
     temperature 0."""
     if drafting not in DRAFTING:
         raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
-    if drafting == "sample" and (sampler is None or sampler.greedy):
+    if drafting == "sample" and sampling_or_greedy(sampler) is None:
         raise ValueError("sample drafting draws from the drafter's distribution: it needs a "
                          "temperature > 0")
-    return None if sampler is None or sampler.greedy else sampler
+    return sampling_or_greedy(sampler)

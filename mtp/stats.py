@@ -12,33 +12,34 @@ class Round:
     """One target forward and what it committed: the prefill, or a verify of the drafts d_1..d_K."""
     position: int  # the newest committed position before it (the prefill: the prompt's last)
     drafted: list[int]  # d_1..d_K as proposed; empty at the prefill and at K = 0 (a plain step)
-    # G_0..g_a: the target's token at verify rows 0..a; d_i == g_(i-1) for i <= a
+    # g_0..g_a: the target's token at verify rows 0..a; d_i == g_(i-1) for i <= a
     targets: list[int]
     block: list[int]  # committed after `position`: d_1..d_a and g_a, cut after a stop id
     prefill: bool = False
 
     @property
-    def accepted(self) -> int:
-        """a: the length of the matching prefix (before any stop-id cut)."""
+    def matched(self) -> int:
+        """a: how many drafts matched the target's tokens, before any stop-id cut (the committed
+        ones, after it, are `sum(from_drafter)`)."""
         return len(self.targets) - 1
 
     @property
     def from_drafter(self) -> list[bool]:
         """For each committed token: was it a draft the target kept?"""
-        return [j < self.accepted for j in range(len(self.block))]
+        return [j < self.matched for j in range(len(self.block))]
 
     @property
     def stale(self) -> range:
         """The positions whose K/V the verify wrote for drafts it did not keep: the rollback leaves
         them."""
-        return range(self.position + self.accepted + 1, self.position + len(self.drafted) + 1)
+        return range(self.position + self.matched + 1, self.position + len(self.drafted) + 1)
 
 
 @dataclass
 class SpecStats:
     target_forwards: int = 0  # prefill and verifications
     drafted: int = 0  # drafts proposed
-    accepted: int = 0  # drafts committed (only tokens actually emitted)
+    accepted: int = 0  # drafts committed, after any stop-id cut (only tokens actually emitted)
     emitted: int = 0  # new tokens committed
     rounds: list[Round] = field(default_factory=list)  # every verify, K = 0 included
 

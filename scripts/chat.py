@@ -55,7 +55,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from gemma4.audio.loading import Audio, load_audio
     from gemma4.audio.wav import AudioError
     from gemma4.config_file import read_json
-    from gemma4.rows import PromptError
+    from gemma4.engine.rows import PromptError
     from gemma4.tokenizer import BOS_ID, THINK_ID, TURN_END_ID, TURN_START_ID, Gemma4Tokenizer
     from gemma4.vision.config import ImageTokens, image_tokens, vision_config
     from gemma4.vision.loading import Vision, load_vision

@@ -41,7 +41,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.trace import Trace, each, observed, piece
     from gemma4.engine import decode, generate_one
     from gemma4.generate import sample_generate
-    from gemma4.rows import check_prompt
+    from gemma4.engine.rows import check_prompt
     from gemma4.tokenizer import BOS_ID, THINK_ID
     from mtp.engine import speculative_one
     from mtp.speculative import speculative_rounds
@@ -231,7 +231,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     if flags.reference and not textbook:
         why = "takes text only" if pictures is not None else "prefills in one forward"
         say(f"note: --reference with {'media' if pictures is not None else '--prefill-chunk'} runs the engine "
-            f"(mtp/engine.py) on the textbook's modules: the textbook loop {why}", note=True)
+            f"(mtp/engine/rows.py) on the textbook's modules: the textbook loop {why}", note=True)
     start = time.perf_counter()
     try:
         if drafter is not None and textbook:

@@ -31,8 +31,9 @@ import torch
 from tokenizers import Tokenizer
 
 from gemma4 import Gemma4Model, SamplerConfig, greedy_generate, load_target, sample_generate
-from gemma4.sampling import warp
+from gemma4.engine.sampling import warp
 from mtp import DraftLength, Drafter, SpecStats, load_drafter, speculative_generate
+from gemma4.engine.forward import forward_rows
 from training.common import corpus_files, held_out_prompts, read_texts, token_stream
 
 PROMPT_TOKENS = 48
@@ -85,7 +86,7 @@ class Row:
 @torch.inference_mode()
 def max_p_along(target: Gemma4Model, prompt: list[int], new: list[int], sampler: SamplerConfig) -> list[float]:
     """The warped target's max p at each generated position of prompt + new (teacher-forced)."""
-    logits = target(torch.tensor([prompt + new[:-1]]))[0, len(prompt) - 1:]  # (G, V): the rows that drew `new`
+    logits = forward_rows(target, torch.tensor([prompt + new[:-1]])).logits[0, len(prompt) - 1:]  # (G, V): the rows that drew `new`
     return warp(logits, sampler).max(dim=-1).values.tolist()
 
 

@@ -46,12 +46,14 @@ from tokenizers import Tokenizer
 
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.config_file import DEFAULT_ROPE, read_json, text_fields
-from gemma4.cache import KV
+from gemma4.engine.ring import KV
 from gemma4.model import Gemma4Model
 from gemma4.weights import load_target
 from measure_pair import PROMPT_TOKENS, measure
 from mtp.drafter import Drafter
 from mtp.loading import drafter_config_from_dict, load_drafter
+from gemma4.engine.forward import forward_rows
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 from training.common import (
     adamw, corpus_files, cosine_lr, dtype_name, held_out_prompts, init_weights, parse_dtype, read_texts,
     sample_windows, save_weights, token_stream, write_json,
@@ -170,11 +172,11 @@ def unrolled_loss(drafter: Drafter, target: Gemma4Model, seq: torch.Tensor, step
     from one teacher-forced target forward. A step that passes the end of the sequence does not count.
     """
     with torch.no_grad():
-        out = target.run(seq)  # teacher-forced over the whole sequence: logits (B, T, V)
+        out = forward_rows(target, seq)  # teacher-forced over the whole sequence: logits (B, T, V)
     b, t = seq.shape
     # (B, K, T, D) each, at positions (1, T) 0..T-1
-    kv = {k: KV(key.float(), value.float(), positions) for k, (key, value, positions) in out.shared_kv.items()}
-    inputs = drafter.layer_inputs(torch.arange(1, t, device=seq.device)[None], kv, torch.float32)  # queries 1..T-1
+    kv = {k: KV(key.float(), value.float(), positions) for k, (key, value, positions) in out.source_kv.items()}
+    inputs = drafter_inputs(drafter, torch.arange(1, t, device=seq.device)[None], kv, torch.float32)  # queries 1..T-1
     tokens = F.pad(seq, (0, steps))  # (B, T+steps): seq[t+j-1] for every query t and step j (pads never count)
     hidden = out.hidden[:, :-1].float()  # (B, T-1, E): h[t-1] for step 1
     head = drafter.model.embed_tokens.weight  # (V, D)
@@ -183,7 +185,7 @@ def unrolled_loss(drafter: Drafter, target: Gemma4Model, seq: torch.Tensor, step
     loss, accuracy = torch.zeros((), device=seq.device), []
     for j in range(1, steps + 1):
         token = tokens[:, j: j + t - 1]  # (B, T-1)
-        hn, hidden = drafter.step(target.embed(token).float(), hidden, inputs, kv)  # (B, T-1, D), (B, T-1, E)
+        hn, hidden = drafter.step(target.embed(token).float(), hidden, inputs, pairs(kv))  # (B, T-1, D), (B, T-1, E)
         n = t - j  # queries 1..T-j have a teacher at t+j-1 <= T-1
         q_logits = F.linear(hn[:, :n], head).flatten(0, 1)  # (B*n, V): the dense head, full softmax in training
         p_logits = out.logits[:, j: j + n].flatten(0, 1)  # (B*n, V)

@@ -35,6 +35,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from gemma4.config import FULL, SLIDING
 from gemma4.config_file import text_config_from_dict
 from gemma4.model import Gemma4Model
+from gemma4.engine.forward import forward_rows
 from training.common import (
     adamw, cosine_lr, dtype_name, init_weights, parse_dtype, read_texts, sample_windows, save_weights,
     corpus_files, token_stream, write_json,
@@ -115,7 +116,7 @@ def held_out_loss(model: Gemma4Model, stream: torch.Tensor, seq_len: int, batche
     losses = []
     for _ in range(batches):
         x = sample_windows(stream, 8, seq_len + 1, gen)  # (B, T+1)
-        logits = model.run(x[:, :-1]).logits  # (B, T, V)
+        logits = forward_rows(model, x[:, :-1]).logits  # (B, T, V)
         losses.append(F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).item())
     return sum(losses) / len(losses)
 
@@ -146,7 +147,7 @@ def main(*, out: Path, steps: int, batch: int, seq_len: int, lr: float, vocab_si
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, steps, lr, warmup=max(1, steps // 20))
         x = sample_windows(train_stream, batch, seq_len + 1, gen)  # (B, T+1)
-        logits = model.run(x[:, :-1]).logits  # (B, T, V)
+        logits = forward_rows(model, x[:, :-1]).logits  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

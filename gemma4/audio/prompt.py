@@ -6,7 +6,7 @@ Facts a reader must know (gemma4/README.md §20):
   40 ms). boa and eoa stay ordinary tokens.
 - Audio is causal in the language model: a clip's soft tokens see what comes before them, as text does, never
   each other both ways (the both-ways rule is for images and video). So a prefill chunk may end inside a clip.
-- `PromptAudio` is a `Media` (gemma4/media.py), as `PromptImages` is: the loops take it as they take images, and
+- `PromptAudio` is a `Media` (gemma4/engine/media.py), as `PromptImages` is: the loops take it as they take images, and
   `images + audio` is one prompt's both kinds.
 
 Shape legend: n soft tokens, E hidden.
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import torch
 
-from gemma4 import media
+from gemma4.engine import media
 from gemma4.audio.config import AudioTokens
 from gemma4.audio.wav import AudioError
-from gemma4.media import Media, placed
+from gemma4.engine.media import Media, placed
 
 
 def expand(ids: Sequence[int], sizes: Sequence[int], tokens: AudioTokens) -> list[int]:

@@ -3,13 +3,13 @@ fit the memory left (scripts/cli/options.py), and the benchmark tabulates it per
 
 import torch
 
-from gemma4.cache import PREFILL_CHUNK, ring_slack
+from gemma4.engine.ring import PREFILL_CHUNK, ring_slack
 from gemma4.config import SLIDING, TextConfig
 
 
 def cache_bytes(config: TextConfig, positions: int, slack: int = ring_slack(PREFILL_CHUNK), batch: int = 1,
                 dtype: torch.dtype = torch.bfloat16) -> int:
-    """Bytes of the K/V buffers of a cache holding `positions` positions: what a KVCache of that capacity
+    """Bytes of the K/V buffers of a cache holding `positions` positions: what a RingCache of that capacity
     allocates once full (its slot positions, 8 bytes a ring slot, not counted). slack >= positions gives the
     cache that keeps every position of every layer."""
     ring = min(positions, config.sliding_window + slack)

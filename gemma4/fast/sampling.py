@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import torch
 
-from gemma4.sampling import SamplerConfig, Sampling
+from gemma4.engine.sampling import Sampling
+from gemma4.sampling import SamplerConfig
 
 
 class WholeRows(Sampling):

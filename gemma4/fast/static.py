@@ -1,17 +1,17 @@
 """Static-shape steps for `torch.compile`: a cache written at device positions, masks over every slot, and the
 decode, verify and draft steps as functions of fixed shapes (gpt-fast's design). The engine loops of
-gemma4/engine.py and mtp/engine.py run them unchanged: `StaticTarget` and `StaticDrafter` stand in for the model and the
+gemma4/engine/decode.py and mtp/engine/rows.py run them unchanged: `StaticTarget` and `StaticDrafter` stand in for the model and the
 drafter, and the caller passes a `StaticKVCache` (`cache=`).
 
 Facts a reader must know:
 - Every step sees the whole cache: K/V buffers (B, K, S, D) with S = capacity on full layers and the ring's
-  W + slack slots on sliding ones (gemma4/cache.py), written with `index_copy_` at the step's positions (mod the
+  W + slack slots on sliding ones (gemma4/engine/ring.py), written with `index_copy_` at the step's positions (mod the
   ring), a (T,) device tensor, never sliced by a Python int. The ring's slot positions are a static buffer too,
   written once per step. The mask hides what a query must not see (keys past its position, and outside the
   window on sliding layers): stale slots and unwritten zeros get weight 0.
 - The steps call the model's own embedding, Per-Layer Embeddings, layer stack (`Gemma4Model.stack`) and head
   (fast modules included); only RoPE and the masks are built here, from the device positions.
-- A prefill runs in chunks of at most the cache's slack (gemma4/rows.py `prefill`): no step writes more
+- A prefill runs in chunks of at most the cache's slack (gemma4/engine/rows.py `prefill`): no step writes more
   positions than the ring can take without losing a key that a query still reads.
 - One graph per row count: T = 1 decodes, T = K + 1 verifies; the drafter's step is one graph. A prefill
   (`num_logits` given) runs the same function eagerly: its length changes every call.
@@ -35,17 +35,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemma4.cache import KV, PREFILL_CHUNK, KVCache, Slots, ring_slack
+from gemma4.engine.ring import KV, PREFILL_CHUNK, RingCache, Slots, ring_slack
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.fast.apply import products
 from gemma4.fast.experts import gather_experts
 from gemma4.fast.kernels import Product
 from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
 from gemma4.model import (
-    Gemma4Model, LayerInputs, ModelOutput, additive_mask, attention_mask, embed_scale, rope_cos_sin, rope_frequencies,
+    Gemma4Model, LayerInputs, additive_mask, attention_mask, embed_scale, rope_cos_sin, rope_frequencies,
 )
 from gemma4.moe import Experts
-from gemma4.sampling import SamplerConfig, Sampling
+from gemma4.engine.forward import RowsOutput
+from gemma4.engine.sampling import Sampling, rule_of
+from gemma4.sampling import SamplerConfig
 
 if TYPE_CHECKING:  # gemma4 never imports mtp at run time: the drafter is only named here
     from gemma4.weights import Progress
@@ -62,8 +64,8 @@ def aligned(n: int, align: int = ALIGN) -> int:
     return -(-n // align) * align
 
 
-class StaticKVCache(KVCache):
-    """A KVCache whose buffers hold all their slots from the start (every position on full layers, the ring on
+class StaticKVCache(RingCache):
+    """A RingCache whose buffers hold all their slots from the start (every position on full layers, the ring on
     sliding ones), written at device positions. `length` (1,) stays on the host: the loop owns the position and
     rolls back by setting it. Both sizes are rounded up to a multiple of `align` slots (the run's context, where
     the loops stop, is StaticTarget's; align=1 keeps them as given, as the tests of small rings do)."""
@@ -84,7 +86,7 @@ class StaticKVCache(KVCache):
         return n == 0 or self.frontier <= max(self.ring, n + self.slack)
 
     def check(self, start: int, t: int) -> None:
-        """KVCache.claim's checks, on the host: a graph cannot raise, and a write past the end is a device fault."""
+        """RingCache.claim's checks, on the host: a graph cannot raise, and a write past the end is a device fault."""
         if start > int(self.length[0]):
             raise ValueError(f"write at position {start} would leave a hole: only {int(self.length[0])} positions "
                              f"are valid")
@@ -228,7 +230,7 @@ class StaticTarget:
     @property
     def sampling(self) -> Sampling:
         """The model's rule: how the loops draw its tokens."""
-        return self.model.sampling
+        return rule_of(self.model)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids (B, T) -> (B, T, E): Gemma4Model.embed, its scale a float made once."""
@@ -237,7 +239,7 @@ class StaticTarget:
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None, cache: StaticKVCache,
                 num_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (B, T) on the device at positions (T,), the PLE table's rows (looked up outside, in host memory)
-        -> logits (B, n, V) of the last n, hidden (B, T, E). Gemma4Model.run's inputs and its `stack`, with K/V
+        -> logits (B, n, V) of the last n, hidden (B, T, E). gemma4/engine/forward.py's inputs and the model's `stack`, with K/V
         written at `positions` and masks over every slot."""
         m = self.model
         x = self.embed(ids)  # (B, T, E)
@@ -258,11 +260,11 @@ class StaticTarget:
         return device_ids.copy_(ids, non_blocking=True), torch.add(steps, start, out=positions)  # no queue wait
 
     @torch.inference_mode()
-    def run(self, input_ids: torch.Tensor, cache: KVCache, start_pos: torch.Tensor | None = None,
-            num_logits: int | None = None, soft: None = None) -> ModelOutput:
-        """Gemma4Model.run on a StaticKVCache: host ids (1, T) at start_pos[0]..start_pos[0]+T-1 (start_pos (1,) on
+    def forward_rows(self, input_ids: torch.Tensor, cache: RingCache, start_pos: torch.Tensor | None = None,
+                     num_logits: int | None = None, soft: None = None) -> RowsOutput:
+        """gemma4/engine/forward.py `forward_rows` on a StaticKVCache: host ids (1, T) at start_pos[0]..start_pos[0]+T-1 (start_pos (1,) on
         the host; None: 0). `num_logits` None (a decode step or a verify): the step of T rows, compiled if asked;
-        given (a prefill): the same step, eager. `shared_kv` holds the source layers' whole buffers. Text only."""
+        given (a prefill): the same step, eager. `source_kv` holds the source layers' whole buffers. Text only."""
         c = self.config
         if not isinstance(cache, StaticKVCache):
             raise ValueError("a static target runs on a StaticKVCache: pass cache=StaticKVCache(...)")
@@ -270,7 +272,8 @@ class StaticTarget:
             raise ValueError("a static target runs one row of text")
         t, start_pos = input_ids.shape[1], 0 if start_pos is None else int(start_pos[0])
         cache.check(start_pos, t)
-        input_ids = input_ids.masked_fill(torch.isin(input_ids, self.model.media_ids), 0)  # as Gemma4Model.run
+        media_ids = torch.tensor(c.media_token_ids, dtype=torch.long)
+        input_ids = input_ids.masked_fill(torch.isin(input_ids, media_ids), 0)  # as forward_rows
         rows = self.model.per_layer_rows(input_ids, self.embed_tokens.weight) if c.ple_dim else None  # host lookup
         args = (*self.upload(input_ids, start_pos), rows, cache)
         if num_logits is None and t in self.compiled_rows:
@@ -280,7 +283,7 @@ class StaticTarget:
                 self.eager_steps += 1
             logits, hidden = self.forward(*args, t if num_logits is None else num_logits)
         kv = {kind: cache.read(c.kv_source(kind), start_pos + t) for kind in self.freqs}
-        return ModelOutput(logits, hidden, kv)
+        return RowsOutput(logits, hidden, kv)
 
     def warm_up(self, cache: StaticKVCache, progress: "Progress | None" = None) -> None:
         """Compile (and, on CUDA, record) the step of each compiled row count now, on cache slots 0..T-1: they are
@@ -289,7 +292,7 @@ class StaticTarget:
         rows = sorted(self.compiled_rows)
         for t in rows if progress is None else progress(rows, "compiling the steps of 1..K+1 rows", len(rows)):
             for _ in range(3 if self.cudagraphs else 1):  # CUDA graphs record on the third call
-                self.run(torch.zeros(1, t, dtype=torch.long), cache)
+                self.forward_rows(torch.zeros(1, t, dtype=torch.long), cache)
 
 
 class StaticDrafter:
@@ -315,17 +318,19 @@ class StaticDrafter:
         (1, K, S, D) -> the drafted token (1, 1) and the next hidden (1, 1, E)."""
         keys = {kind: kv.positions for kind, kv in shared_kv.items()}
         inputs = static_inputs(self.config.text, position, keys, hidden.dtype, self.freqs, shift=1)
-        hn, h = self.drafter.step(target.embed(token), hidden, inputs, shared_kv)  # (1, 1, D), (1, 1, E)
+        pairs = {kind: (kv.keys, kv.values) for kind, kv in shared_kv.items()}
+        hn, h = self.drafter.step(target.embed(token), hidden, inputs, pairs)  # (1, 1, U), (1, 1, E)
         return self.drafter.greedy_token(hn[:, 0])[:, None], h
 
     @torch.inference_mode()
-    def propose(self, target: StaticTarget, tokens: list[int], hidden: torch.Tensor, positions: list[int],
+    def propose_rows(self, target: StaticTarget, tokens: list[int], hidden: torch.Tensor, positions: list[int],
                 shared_kv: dict[str, KV], k: int, samplers: list[SamplerConfig] | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafter.propose of one row on the target's whole buffers (`target_kv` of a StaticKVCache): the mask hides
         keys >= positions[0]. hidden (1, E) -> drafts (1, k) on the device, and q (sampled drafting) or None."""
         if samplers is not None:  # the same whole buffers: their positions mask them
-            return self.drafter.propose(target, tokens, hidden, positions, shared_kv, k, samplers)
+            from mtp.engine.drafts import propose_rows  # gemma4 imports mtp only where it runs the drafter
+            return propose_rows(self.drafter, target, tokens, hidden, positions, shared_kv, k, samplers)
         if self.inputs is None:  # the same device tensors every round: (1,), (1, 1), (1, 1, E)
             self.inputs = (torch.empty(1, dtype=torch.long, device=self.device),
                            torch.empty(1, 1, dtype=torch.long, device=self.device),
@@ -342,4 +347,4 @@ class StaticDrafter:
         c = target.config
         kv = {kind: cache.read(c.kv_source(kind), 1) for kind in (SLIDING, FULL)}
         hidden = torch.zeros(1, c.hidden_size, dtype=target.dtype, device=target.device)
-        self.propose(target, [0], hidden, [1], kv, 3 if self.cudagraphs else 1)
+        self.propose_rows(target, [0], hidden, [1], kv, 3 if self.cudagraphs else 1)

@@ -3,7 +3,7 @@
 Facts a reader must know (gemma4/README.md §19):
 - An image in a prompt is boi, n soft tokens, eoi: the soft tokens are the run of n image ids, replaced by
   the image's n vectors (the tower's output after `embed_vision`). boi and eoi stay ordinary tokens.
-- The loops know nothing of images: they take `Media` (gemma4/media.py), spans of vectors at positions, and
+- The loops know nothing of images: they take `Media` (gemma4/engine/media.py), spans of vectors at positions, and
   `PromptImages` is the `Media` of a batch's images. Speculative decoding is unchanged: the drafter sees an image
   only through the target's K/V and its last hidden state.
 - Where the config asks for it (`both_ways`), an image's soft tokens see each other both ways on sliding
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
-from gemma4 import media
-from gemma4.media import Media, placed
+from gemma4.engine import media
+from gemma4.engine.media import Media, placed
 from gemma4.vision.config import ImageTokens
 
 

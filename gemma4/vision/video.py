@@ -39,7 +39,7 @@ import torch
 
 from gemma4.config import ConfigError
 from gemma4.config_file import processor_section, read_json
-from gemma4.media import Media
+from gemma4.engine.media import Media
 from gemma4.tokenizer import VIDEO_ID
 from gemma4.vision.config import ImageTokens
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES, ImageProcessing, Pixels, open_image, process

@@ -1,8 +1,8 @@
 """A multi-turn conversation on one KV cache: every turn renders the whole conversation and
 prefills only what the cache does not already hold.
 
-It lives in `mtp/` because a turn runs either engine loop: the speculative one (mtp/engine.py) with
-a drafter, plain decoding (gemma4/engine.py) without; gemma4/ never imports mtp/.
+It lives in `mtp/` because a turn runs either engine loop: the speculative one (mtp/engine/rows.py) with
+a drafter, plain decoding (gemma4/engine/decode.py) without; gemma4/ never imports mtp/.
 
 - Rendering is the template's (gemma4/tokenizer.py `render`): earlier thoughts are dropped, so
   after a thinking turn the cache and the new rendering part at the thought's first token.
@@ -10,7 +10,7 @@ a drafter, plain decoding (gemma4/engine.py) without; gemma4/ never imports mtp/
   for every family (a loop prefills from the length of the cache it is handed). R is the longest common prefix of
   the new ids and `held` (the ids whose K/V the cache holds: every committed token but the newest), and at most
   len(ids) - 1: the newest prompt token must run, its logits choose the first reply token. Sliding layers keep only
-  a ring of their window plus a slack (gemma4/cache.py): reuse is exact only while the ring still holds the window
+  a ring of their window plus a slack (gemma4/engine/ring.py): reuse is exact only while the ring still holds the window
   before R (`GrowingCache.holds`, mtp/extras/growing.py). A turn that diverges further back (a thinking block
   dropped from the history, long after it) is prefilled again from position 0, and `Reply.reused` says 0.
 - Images and audio (gemma4/README.md §19, §20): a user turn may carry images and clips, written first in its turn
@@ -33,15 +33,15 @@ from dataclasses import dataclass
 
 import torch
 
-from gemma4.cache import PREFILL_CHUNK, ring_slack
+from gemma4.engine.ring import PREFILL_CHUNK, ring_slack
 from gemma4.audio.config import AudioTokens
 from gemma4.audio.prompt import PromptAudio
 from gemma4.audio.prompt import expand as expand_audio
 from gemma4.audio.wav import AudioError
 from gemma4.engine import decode
-from gemma4.media import Media, Span, joined
+from gemma4.engine.media import Media, Span, joined
 from gemma4.model import Gemma4Model
-from gemma4.rows import check_prompt
+from gemma4.engine.rows import check_prompt
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer, Message, needs_empty_thought
 from gemma4.vision.config import ImageTokens
@@ -119,7 +119,7 @@ class Conversation:
         self.system, self.think, self.stop_ids = system, think, tuple(stop_ids)
         self.empty_thought = needs_empty_thought(target.config, tokenizer.chat_template)
         self.draft_length = DraftLength(4)  # used when a turn passes none; a heuristic schedule carries over
-        self.prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk  # gemma4/rows.py `prefill`
+        self.prefill_chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk  # gemma4/engine/rows.py `prefill`
         if self.prefill_chunk < 1:
             raise ValueError(f"a prefill chunk holds at least 1 position, got {self.prefill_chunk}")
         self.cache = self.new_cache(ring_slack(self.prefill_chunk))

@@ -12,11 +12,11 @@ Shape legend: B batch (1), K kv heads, S slots, D head dim."""
 
 import torch
 
-from gemma4.cache import KVCache, Slots
+from gemma4.engine.ring import RingCache, Slots
 from gemma4.config import SLIDING, TextConfig
 
 
-class GrowingCache(KVCache):
+class GrowingCache(RingCache):
     def __init__(self, config: TextConfig, capacity: int, dtype: torch.dtype, device: torch.device | str,
                  slack: int) -> None:
         super().__init__(config, capacity, dtype=dtype, device=device, slack=slack)
@@ -46,7 +46,7 @@ class GrowingCache(KVCache):
         for buffers in (self.keys, self.values):  # each checked alone: an interrupt may fall between them
             old = buffers[layer]  # (B, K, S_old, D)
             if old.shape[2] < end:
-                size = min(KVCache.allocate(self, layer), max(end, 2 * old.shape[2]))  # at most all
+                size = min(RingCache.allocate(self, layer), max(end, 2 * old.shape[2]))  # at most all
                 # Zeros, not empty: stale slots are read under the mask, and NaN * 0 would leak through.
                 new = old.new_zeros(old.shape[0], old.shape[1], size, old.shape[3])  # (B, K, S_new, D)
                 new[:, :, :old.shape[2]] = old

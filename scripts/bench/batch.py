@@ -1,7 +1,7 @@
 """scripts/benchmark.py's batch sections: throughput of batched decoding, and the MoE expert-reuse claim.
 
 - `batch`: tokens/s of plain and speculative decoding of B = 1, 2, 4, 8 prompts as one batch
-  (gemma4/engine.py `decode`, mtp/batch.py) and of the same prompts run one after another, on the demo pair.
+  (gemma4/engine/decode.py `decode`, mtp/engine/batch.py) and of the same prompts run one after another, on the demo pair.
   The demo pair is bound by the cost of each call into PyTorch, which a batch shares across its rows.
 - `experts`: the Gemma docs say verifying drafts "can require loading additional expert weights; at
   higher batch sizes there is more overlap in activated experts". Counted here: the unique experts
@@ -21,13 +21,14 @@ from typing import Any
 import torch
 
 from bench.show import steps
-from gemma4 import KVCache, greedy_generate
+from gemma4 import RingCache, greedy_generate
 from gemma4.engine import decode
 from gemma4.config_file import text_config_from_dict
 from gemma4.model import Gemma4Model
 from gemma4.weights import target_weight_table
 from mtp import DraftLength, Drafter, speculative_generate
-from mtp.batch import speculative_generate_batch
+from mtp.engine.batch import speculative_generate_batch
+from gemma4.engine.forward import forward_rows
 
 BATCHES = (1, 2, 4, 8)
 # Eight openings of Python source for the demo pair (a model of the standard library's code).
@@ -110,13 +111,13 @@ def experts_section(draws: int = 8, context: int = 24) -> dict[str, Any]:
         seen = []
         for _ in range(draws):
             lengths = torch.randint(context // 2, context + 1, (rows,), generator=gen)  # (B,) ragged
-            cache = KVCache(model.config, context + t, batch=rows)
+            cache = RingCache(model.config, context + t, batch=rows)
             cache.length = torch.zeros(rows, dtype=torch.long)
             prompt = torch.randint(3, 512, (rows, context), generator=gen)  # (B, T'); past each length: stale
-            model.run(prompt, cache, start_pos=cache.length, num_logits=0)
+            forward_rows(model, prompt, cache, start_pos=cache.length, num_logits=0)
             cache.length = lengths
             counts.clear()
-            model.run(torch.randint(3, 512, (rows, t), generator=gen), cache, start_pos=cache.length)
+            forward_rows(model, torch.randint(3, 512, (rows, t), generator=gen), cache, start_pos=cache.length)
             seen += counts
         return statistics.mean(seen)
 

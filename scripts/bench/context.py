@@ -10,7 +10,7 @@
   measurement in a fresh process, on random targets with E2B's and 31B's attention geometry (layers, heads,
   kv heads, head sizes, window, KV sharing, K=V) at a hidden size of 256, bfloat16 (random_pair.py writes
   them once). *After*: the prefill in chunks of 512 on the default cache. *Before*, as a single forward over
-  the prompt on a cache keeping every position: `prefill_chunk=len(prompt)`, `KVCache(slack=capacity)`; its
+  the prompt on a cache keeping every position: `prefill_chunk=len(prompt)`, `RingCache(slack=capacity)`; its
   attention is quadratic in the prompt, so it runs only up to `--context-before-max` positions.
   Peaks are /proc's VmHWM restarted after loading (ru_maxrss where the kernel does not allow the restart).
 - `decode`: plain greedy and speculative tokens/s for 32 new tokens after prompts of 1k, 4k and 16k positions,
@@ -37,13 +37,13 @@ from bench.batch import DEMO_PROMPTS
 from bench.memory import SCRIPTS, reset_peak, status_mib
 from bench.random_pair import assistant_config, random_prompt, target_config, write_pair
 from bench.timing import median_ratio, section_threads
-from gemma4 import Gemma4Tokenizer, KVCache, load_config, load_target
-from gemma4.cache import PREFILL_CHUNK, ring_slack
+from gemma4 import Gemma4Tokenizer, RingCache, load_config, load_target
+from gemma4.engine.ring import PREFILL_CHUNK, ring_slack
 from gemma4.extras.memory import cache_bytes
 from gemma4.config import FULL, SLIDING, TextConfig
 from gemma4.config_file import read_json, text_config_from_dict
 from gemma4.engine import decode
-from gemma4.rows import prefill
+from gemma4.engine.rows import prefill
 from mtp import DraftLength, load_drafter
 from mtp.engine import speculative_one
 
@@ -146,7 +146,7 @@ def rss_child(model_dir: Path, length: int, mode: str, chunk: int, threads: int)
         tokens = decode(model, [prompt], NEW_TOKENS, prefill_chunk=chunk)[0].tokens
     else:  # the single forward over a cache keeping every position
         slack = capacity
-        cache = KVCache(model.config, capacity, dtype=BF16, slack=slack)
+        cache = RingCache(model.config, capacity, dtype=BF16, slack=slack)
         tokens = decode(model, [prompt], NEW_TOKENS, cache=cache, prefill_chunk=length)[0].tokens
     seconds = time.perf_counter() - start
     peak_kib = status_mib()["VmHWM"] * 1024 if separate else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -221,13 +221,13 @@ def decode_section(root: Path, target_dir: Path, assistant_dir: Path, k: int, si
                            "reps": reps, "k": k, "trained_context": trained, "contexts": {}}
     for n in sizes["contexts"]:
         prompt = long_prompt(target_dir, n)
-        cache = KVCache(target.config, n + tokens)  # (B, K, n + tokens, D) full layers; rings of W + 512
+        cache = RingCache(target.config, n + tokens)  # (B, K, n + tokens, D) full layers; rings of W + 512
         start = time.perf_counter()
         prefill(target, cache, [prompt])
         prefill_s = time.perf_counter() - start
         stats: dict[str, Any] = {}
 
-        def held() -> KVCache:
+        def held() -> RingCache:
             """The cache holding the prompt's first n - 1 ids: the loops prefill from its length."""
             cache.length = torch.tensor([n - 1])
             return cache

@@ -26,7 +26,8 @@ from gemma4.fast.apply import groups
 from gemma4.fast.kernels import NO_KERNEL, packable
 from gemma4.model import Gemma4Model
 from mtp import Drafter
-from mtp.drafter import target_kv
+from gemma4.engine.forward import forward_rows
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 ALPHAS = (0.5, 0.7, 0.9)
 MAX_K = 8
@@ -39,12 +40,12 @@ def cost_section(target: Gemma4Model, drafter: Drafter, prompt: list[int], reps:
     """Seconds of a 1-token decode, (K+1)-token verifies and K-step draft rounds at the same position."""
     p = len(prompt)
     cache, out = prefilled(target, prompt, MAX_K + 1)
-    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[:, -1], target_kv(cache, target, p)
+    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[:, -1], ring_kv(cache, target, p)
     at = torch.tensor([p])  # (1,) on the host: every forward at position p
-    runs: dict[str, Callable[[], Any]] = {"decode": lambda: target.run(torch.tensor([[token]]), cache, at)}
+    runs: dict[str, Callable[[], Any]] = {"decode": lambda: forward_rows(target, torch.tensor([[token]]), cache, at)}
     for k in range(1, MAX_K + 1):
-        runs[f"verify{k + 1}"] = lambda k=k: target.run(torch.tensor([[token] * (k + 1)]), cache, at)
-        runs[f"draft{k}"] = lambda k=k: drafter.propose(target, [token], hidden, [p], kv, k)[0].tolist()
+        runs[f"verify{k + 1}"] = lambda k=k: forward_rows(target, torch.tensor([[token] * (k + 1)]), cache, at)
+        runs[f"draft{k}"] = lambda k=k: propose_rows(drafter, target, [token], hidden, [p], kv, k)[0].tolist()
     s, _ = interleaved(runs, reps, runs, clock)
     verify = {k: median_ratio(s[f"verify{k + 1}"], s["decode"]) for k in range(1, MAX_K + 1)}  # K drafts: K+1 rows
     draft = {k: median_ratio(s[f"draft{k}"], s["decode"]) for k in range(1, MAX_K + 1)}
@@ -75,7 +76,7 @@ def bandwidth_section(target: Gemma4Model, prompt: list[int], reps: int, mib: in
     keys = max((keys for _, keys in groups(target)), key=lambda ks: sum(target.get_parameter(k).numel() for k in ks))
     weight = torch.cat([target.get_parameter(k).to(dtype) for k in keys])  # (O, I), as the product multiplies it
     runs: dict[str, Callable[[], Any]] = {
-        "decode": lambda: target.run(torch.tensor([[prompt[-1]]]), cache, torch.tensor([p])),
+        "decode": lambda: forward_rows(target, torch.tensor([[prompt[-1]]]), cache, torch.tensor([p])),
         "copy": lambda: dst.copy_(src), "read": lambda: src.sum()}
     ways = {"plain": Product(weight, False)} | ({"packed": Product(weight, True)} if packable(weight) else {})
     x = {m: torch.ones(1, m, weight.shape[1], dtype=dtype, device=device) for m in ROWS}

@@ -63,8 +63,12 @@ from gemma4.fast.modules import adopt
 from gemma4.fast.static import StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.moe import Experts
 from gemma4.parallel import Reduced, Shard
-from gemma4.sampling import ACCEPT_STREAM, DRAFT_STREAM, TOKEN_STREAM, exponential_noise, keyed_bits
+from gemma4.engine.sampling import ACCEPT_STREAM, DRAFT_STREAM, TOKEN_STREAM, exponential_noise, keyed_bits
 from mtp import DraftLength, load_drafter, speculative_generate
+from gemma4.engine import generate_one
+from gemma4.engine.forward import forward_rows
+from mtp.engine import speculative_one
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 FULL_VOCAB = 262144
 DEVICE_DIR = Path("/dev/shm/gemma4-mtp-device")
@@ -233,9 +237,9 @@ class AlwaysRight:
     def __init__(self, drafter: Any, sequence: list[int]) -> None:
         self.drafter, self.config, self.sequence = drafter, drafter.config, sequence  # prompt + plain continuation
 
-    def propose(self, target: Any, tokens: list[int], hidden: torch.Tensor, positions: list[int], shared_kv: Any,
-                k: int, samplers: Any = None) -> tuple[torch.Tensor, None]:
-        drafts, _ = self.drafter.propose(target, tokens, hidden, positions, shared_kv, k)  # (B, k), the cost
+    def propose_rows(self, target: Any, tokens: list[int], hidden: torch.Tensor, positions: list[int], shared_kv: Any,
+                     k: int, samplers: Any = None) -> tuple[torch.Tensor, None]:
+        drafts, _ = propose_rows(self.drafter, target, tokens, hidden, positions, shared_kv, k)  # (B, k), the cost
         right = [self.sequence[p + 1:p + 1 + k] for p in positions]  # the tokens at positions n+1..n+k
         right = [r + [0] * (k - len(r)) for r in right]  # past the known run: anything (the budget ends first)
         return torch.tensor(right, device=drafts.device), None
@@ -283,7 +287,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         weights = sum(p.numel() * p.element_size() for m in models[BF16] for p in m.parameters())
         reset_peak(device)
         with torch.inference_mode():
-            logits["ours"] = models[BF16][0].run(torch.tensor([prompt])).logits[0].float()  # (T, V)
+            logits["ours"] = forward_rows(models[BF16][0], torch.tensor([prompt])).logits[0].float()  # (T, V)
         forward = memory(device)
         return {"seconds": seconds, "weight_bytes": weights, "after_load": loaded, "first_forward": forward,
                 "note": None if loaded else "CUDA memory only: on the CPU see the `memory` section"}
@@ -292,7 +296,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         target, _ = pair(BF16)
         cache, _ = prefilled(target, prompt, 1)
         ids, at = torch.tensor([prompt[-1:]]), torch.tensor([len(prompt)])  # (1, 1), (1,) on the host, as the loops'
-        step = torch.inference_mode()(lambda: target.run(ids, cache, at))
+        step = torch.inference_mode()(lambda: forward_rows(target, ids, cache, at))
         s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
         gen, _ = clock.time(lambda: greedy_generate(target, prompt, tokens))
         step_bytes = decode_bytes(target)
@@ -316,9 +320,9 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
             static.warm_up(slots)
             warm_up = time.perf_counter() - start
             with torch.inference_mode():
-                static.run(torch.tensor([prompt]), slots, num_logits=1)
+                forward_rows(static, torch.tensor([prompt]), slots, num_logits=1)
             slots.length = torch.tensor([len(prompt)])
-            step = torch.inference_mode()(lambda: static.run(ids, slots, at))  # eager's step, compiled
+            step = torch.inference_mode()(lambda: forward_rows(static, ids, slots, at))  # eager's step, compiled
             diff = float((step().logits.float() - eager().logits.float()).abs().max())
             s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
             return {"step_tokens_per_s": 1 / sorted(s["step"])[len(s["step"]) // 2], "max_abs_logit_diff": diff,
@@ -338,7 +342,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         spec_sampled = speculative_generate(target, drafter, prompt, tokens, DraftLength(K), sampler=SAMPLED)
         if "ours" in logits:
             with torch.inference_mode():
-                logits["f32"] = target.run(torch.tensor([prompt])).logits[0].float()
+                logits["f32"] = forward_rows(target, torch.tensor([prompt])).logits[0].float()
         return {"tokens": tokens, "k": K, "greedy": spec.tokens == plain, "sampled": spec_sampled.tokens == sampled,
                 "sampler": "T 0.7, top-k 64, top-p 0.95, seed 0", "acceptance_rate": spec.stats.acceptance_rate,
                 "float32_matmul_precision": torch.get_float32_matmul_precision(),  # "highest": no TF32
@@ -348,14 +352,14 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         """Rounds of K = 1..8 drafts all kept (AlwaysRight), against plain decoding, in bfloat16: what each K is
         worth when the drafter is right, on this device."""
         target, drafter = pair(BF16)
-        plain = greedy_generate(target, prompt, tokens)
+        plain = generate_one(target, prompt, tokens)  # the engine's loops, as the commands run them
         right = AlwaysRight(drafter, prompt + plain)
-        runs = {"plain": lambda: greedy_generate(target, prompt, tokens)}
-        runs |= {f"K={k}": lambda k=k: speculative_generate(target, right, prompt, tokens, DraftLength(k)).tokens
+        runs = {"plain": lambda: generate_one(target, prompt, tokens)}
+        runs |= {f"K={k}": lambda k=k: speculative_one(target, right, prompt, tokens, DraftLength(k)).tokens
                  for k in range(1, 9)}
         seconds, outputs = interleaved(runs, reps, runs, clock)
         rate = {name: tokens / sorted(s)[len(s) // 2] for name, s in seconds.items()}
-        kept = speculative_generate(target, right, prompt, tokens, DraftLength(K)).stats.acceptance_rate
+        kept = speculative_one(target, right, prompt, tokens, DraftLength(K)).stats.acceptance_rate
         return {"tokens_per_s": rate, "identical": all(o == plain for r in outputs.values() for o in r),
                 "acceptance_rate": kept, "over_plain": {name: r / rate["plain"] for name, r in rate.items()
                                                         if name != "plain"}}
@@ -383,7 +387,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         for name, target in targets.items():
             cache, _ = prefilled(target, prompt, 1)
             ids, at = torch.tensor([prompt[-1:]]), torch.tensor([len(prompt)])
-            step = torch.inference_mode()(lambda target=target, cache=cache, ids=ids, at=at: target.run(ids, cache, at))
+            step = torch.inference_mode()(lambda target=target, cache=cache, ids=ids, at=at: forward_rows(target, ids, cache, at))
             s, _ = interleaved({"step": step}, reps, {"step": step}, clock)
             rates[name] = 1 / sorted(s["step"])[len(s["step"]) // 2]
         return rates
@@ -395,7 +399,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         fast = load_target(t_dir, BF16, device, fast=True, quantize="int4")
         textbook = load_target(t_dir, BF16, device, quantize="int4")
         with torch.inference_mode():
-            diff = (fast.run(torch.tensor([prompt])).logits - textbook.run(torch.tensor([prompt])).logits).abs().max()
+            diff = (forward_rows(fast, torch.tensor([prompt])).logits - forward_rows(textbook, torch.tensor([prompt])).logits).abs().max()
         kernels = sorted({c.kernels[0] for c in kernels_of(fast)})
         tokens_fast, tokens_textbook = greedy_generate(fast, prompt, tokens), greedy_generate(textbook, prompt, tokens)
         spec = speculative_generate(fast, drafter, prompt, tokens, DraftLength(K))
@@ -435,7 +439,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         layers = [layer for layer in target.layers if layer.moe]
         cache, _ = prefilled(target, prompt, K + 1)
         at = torch.tensor([len(prompt)])  # (1,) on the host
-        runs = {rows: torch.inference_mode()(lambda rows=rows: target.run(torch.tensor([prompt[-1:] * rows]), cache,
+        runs = {rows: torch.inference_mode()(lambda rows=rows: forward_rows(target, torch.tensor([prompt[-1:] * rows]), cache,
                                                                           at)) for rows in (1, K + 1)}
         result: dict[str, Any] = {"k": K}
         for way in ("gathered", "loop"):

@@ -50,6 +50,7 @@ from gemma4.config_file import read_json
 from gemma4.fast import kernels_of, products
 from gemma4.fast.int4 import Int4Product
 from mtp import DraftLength, load_drafter, speculative_generate
+from gemma4.engine.forward import forward_rows
 
 GOALS = (("e2b: int4 / bf16 plain tokens/s", ("e2b", "int4_over_bf16"), 2.0),
          ("e2b: int4 decode step / bandwidth bound", ("e2b", "int4_bound", "fraction_step"), 0.6),
@@ -115,7 +116,7 @@ def verify_step(model: Any, prompt: list[int]) -> Callable[[], Any]:
     """A verify of VERIFY drafts (VERIFY + 1 rows) after the prompt, at a fixed position, as our_decode_step's."""
     cache, _ = prefilled(model, prompt, VERIFY + 1)
     ids, at = torch.tensor([prompt[-1:] * (VERIFY + 1)]), torch.tensor([len(prompt)])  # (1, K+1), (1,)
-    return torch.inference_mode()(lambda: model.run(ids, cache, at))
+    return torch.inference_mode()(lambda: forward_rows(model, ids, cache, at))
 
 
 def load_tf_int4(int4_dir: Path) -> Any:

@@ -28,8 +28,9 @@ from bench.random_pair import random_prompt
 from gemma4 import load_target
 from gemma4.fast import products
 from gemma4.fast.int4 import Int4Product
-from gemma4.generate import new_cache
+from gemma4.engine.rows import Request, new_cache
 from gemma4.int4 import GROUP
+from gemma4.engine.forward import forward_rows
 
 MIN_AVAILABLE = 1.5 * 2**30  # bytes of MemAvailable below which a 31B child stops itself
 
@@ -43,11 +44,11 @@ def meminfo() -> dict[str, int]:
 @torch.inference_mode()
 def timed_greedy(model: Any, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     """greedy_generate's loop (gemma4/generate.py) with the seconds of every forward: the prefill, then the steps."""
-    cache = new_cache(model, prompt, n)
+    cache = new_cache(model, [Request(prompt, n)], None)  # the engine's ring, as forward_rows takes
     ids, position, tokens, seconds = prompt, 0, [], []
     while len(tokens) < n:
         start = time.perf_counter()
-        out = model.run(torch.tensor([ids]), cache, start_pos=torch.tensor([position]), num_logits=1)
+        out = forward_rows(model, torch.tensor([ids]), cache, start_pos=torch.tensor([position]), num_logits=1)
         tokens.append(int(out.logits[0, -1].argmax()))
         seconds.append(time.perf_counter() - start)
         position += len(ids)

@@ -16,6 +16,7 @@ import torch
 
 from gemma4 import load_target
 from gemma4.model import Gemma4Model
+from gemma4.engine.forward import forward_rows
 
 SCRIPTS = Path(__file__).resolve().parent.parent
 
@@ -53,7 +54,7 @@ def memory_child(model_dir: Path, dtype: str, threads: int | None = None) -> dic
     if separate:
         reset_peak()
     with torch.inference_mode():
-        model.run(torch.tensor([[2, 107, 108, 109]]), num_logits=1)  # pages every weight in but the PLE rows
+        forward_rows(model, torch.tensor([[2, 107, 108, 109]]), num_logits=1)  # pages every weight in but the PLE rows
     ran = status_mib()
     return {"dtype": dtype, "text_weights_mib": text_mib, "baseline": base, "after_load": loaded,
             "after_forward": ran, "load_peak_over_text": (loaded["VmHWM"] - base["VmRSS"]) / text_mib,

@@ -26,8 +26,9 @@ import torch
 from bench.random_pair import random_prompt, write_pair
 from gemma4 import greedy_generate, load_target, sample_generate
 from gemma4.fast.sampling import WHOLE_ROWS
-from gemma4.sampling import TOKEN_STREAM, SamplerConfig, exponential_noise, sample, warp_row
+from gemma4.engine.sampling import TOKEN_STREAM, SamplerConfig, exponential_noise, sample, warp_row
 from mtp import DraftLength, load_drafter, speculative_generate
+from gemma4.engine.forward import forward_rows
 
 VOCABS = (4096, 262144)
 SETTINGS = {"top-k 64, top-p 0.95": (64, 0.95), "top-k 0, top-p 0.95": (0, 0.95), "top-k 0, top-p 1": (0, 1.0)}
@@ -42,7 +43,7 @@ Interleaved = Callable[[dict[str, Callable[[], Any]], int, dict[str, Callable[[]
 
 
 def reference_sample(logits: torch.Tensor, cfg: SamplerConfig, position: int) -> int:
-    """The rule on the whole row (`gemma4.sampling.warp_row`: sorted and soft-maxed, top-k or not), the keyed
+    """The rule on the whole row (`gemma4.engine.sampling.warp_row`: sorted and soft-maxed, top-k or not), the keyed
     noise of every token of the vocabulary."""
     probs = warp_row(logits[0], cfg)  # (V,)
     ids = torch.arange(probs.shape[0], device=probs.device)
@@ -97,7 +98,7 @@ def decode_costs(pair_root: Path, configs: tuple[dict, dict], tokens: int, reps:
     # The choice alone on the model's own logits, against the greedy argmax: on a busy machine the
     # decode ratios above move by more than this difference, which bounds what sampling can cost.
     with torch.inference_mode():
-        logits = target.run(torch.tensor([prompt]), num_logits=1).logits[0]  # (1, V) in the model's dtype
+        logits = forward_rows(target, torch.tensor([prompt]), num_logits=1).logits[0]  # (1, V) in the model's dtype
     choice, _ = interleaved({"sampled": lambda: [sample(logits, GEMMA, TOKEN_STREAM, [n]) for n in range(CALLS)],
                              "greedy": lambda: [int(logits[0].argmax()) for _ in range(CALLS)]}, 9, {})
     extra = (statistics.median(choice["sampled"]) - statistics.median(choice["greedy"])) / CALLS  # s per token

@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 
-from gemma4 import Gemma4Model, greedy_generate, sample_generate
+from gemma4 import Gemma4Model
+from gemma4.engine import generate_one
 from gemma4.sampling import SamplerConfig
-from mtp import DraftLength, Drafter, speculative_generate
+from mtp import DraftLength, Drafter, speculative_one
 
 METHODS = ("item", "tolist", "__int__", "__bool__", "__float__", "__index__")
 SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -119,7 +120,8 @@ def host_reads(profile: bool = False, device: torch.device | str = "cpu") -> Ite
 
 def per_step(target: Gemma4Model, drafter: Drafter, prompt: list[int], tokens: int, k: int,
              device: torch.device | str = "cpu", profile: bool = False) -> dict[str, dict[str, float] | None]:
-    """Host reads per plain decode step and per speculative round (K drafts, argmax drafting), greedy and
+    """The engine's host reads (gemma4/engine/, mtp/engine/: the loops the commands run; the textbook loops read
+    the host as often as is clearest) per plain decode step and per speculative round (K drafts, argmax drafting), greedy and
     sampled (SAMPLED): a run of `tokens` less a run of 1 token (the prefill and the first token, no step or
     round), over the steps (tokens - 1) or the rounds (target forwards - 1) between them, after a first run
     that fills the caches of values computed once. Returns three counts, each keyed plain_step, spec_round,
@@ -139,11 +141,11 @@ def per_step(target: Gemma4Model, drafter: Drafter, prompt: list[int], tokens: i
         return {"host_reads": (whole.total - first.total) / steps, "syncing_ops": ops, "cuda_syncs": syncs}
 
     def spec(sampler: SamplerConfig | None, drafting: str = "argmax") -> Callable[[int], int]:
-        return lambda n: speculative_generate(target, drafter, prompt, n, DraftLength(k), sampler=sampler,
-                                              drafting=drafting).stats.target_forwards - 1
-    runs = {"plain_step": lambda n: len(greedy_generate(target, prompt, n)) - 1,
+        return lambda n: speculative_one(target, drafter, prompt, n, DraftLength(k), sampler=sampler,
+                                         drafting=drafting).stats.target_forwards - 1
+    runs = {"plain_step": lambda n: len(generate_one(target, prompt, n)) - 1,
             "spec_round": spec(None),
-            "sampled_plain_step": lambda n: len(sample_generate(target, prompt, n, SAMPLED)) - 1,
+            "sampled_plain_step": lambda n: len(generate_one(target, prompt, n, SAMPLED)) - 1,
             "sampled_spec_round": spec(SAMPLED),
             "sample_drafting_round": spec(SAMPLED, "sample")}
     counted = {name: count(run) for name, run in runs.items()}

@@ -22,10 +22,11 @@ import torch
 
 from bench.show import steps
 from cli.threads import use_threads
-from gemma4 import KVCache
+from gemma4 import RingCache
 from gemma4.model import Gemma4Model, ModelOutput
 from mtp import Drafter
-from mtp.drafter import target_kv
+from gemma4.engine.forward import forward_rows
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 
 class Clock:
@@ -104,12 +105,12 @@ def device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def prefilled(target: Gemma4Model, prompt: list[int], room: int) -> tuple[KVCache, ModelOutput]:
+def prefilled(target: Gemma4Model, prompt: list[int], room: int) -> tuple[RingCache, ModelOutput]:
     """A new cache holding the prompt's K/V with `room` more positions, and the prefill's output."""
     device = device_of(target)
-    cache = KVCache(target.config, len(prompt) + room, dtype=target.embed_tokens.weight.dtype, device=device)
+    cache = RingCache(target.config, len(prompt) + room, dtype=target.embed_tokens.weight.dtype, device=device)
     with torch.inference_mode():
-        out = target.run(torch.tensor([prompt]), cache, num_logits=1)
+        out = forward_rows(target, torch.tensor([prompt]), cache, num_logits=1)
     cache.length = torch.tensor([len(prompt)])  # every timed forward writes at len(prompt).. and leaves it there
     return cache, out
 
@@ -119,7 +120,7 @@ def our_decode_step(target: Gemma4Model, prompt: list[int]) -> Callable[[], Any]
     step of greedy_generate runs it."""
     cache, _ = prefilled(target, prompt, 1)
     ids, at = torch.tensor([prompt[-1:]]), torch.tensor([len(prompt)])  # (1, 1), (1,) on the host, as the loop's
-    return torch.inference_mode()(lambda: target.run(ids, cache, at))
+    return torch.inference_mode()(lambda: forward_rows(target, ids, cache, at))
 
 
 def draft_step_calls(target: Gemma4Model, drafter: Drafter, prompt: list[int]) -> float:
@@ -127,7 +128,7 @@ def draft_step_calls(target: Gemma4Model, drafter: Drafter, prompt: list[int]) -
     its RoPE tables and masks, cancels out)."""
     p = len(prompt)
     cache, out = prefilled(target, prompt, 1)
-    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[:, -1], target_kv(cache, target, p)
-    rounds = {k: aten_calls(lambda k=k: lambda: drafter.propose(target, [token], hidden, [p], kv, k)[0].tolist())
+    token, hidden, kv = int(out.logits[0, -1].argmax()), out.hidden[:, -1], ring_kv(cache, target, p)
+    rounds = {k: aten_calls(lambda k=k: lambda: propose_rows(drafter, target, [token], hidden, [p], kv, k)[0].tolist())
               for k in (1, 3)}
     return (rounds[3] - rounds[1]) / 2

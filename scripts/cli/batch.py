@@ -3,7 +3,7 @@
 - `--prompt` and `--prompt-ids` may be given several times, one row each, and `--prompts-file FILE`
   (`-`: stdin) adds text prompts: one per line, or the blocks between lines holding only `---`, which
   may span lines. One prompt in all runs exactly as a single prompt; several run as one batch
-  (gemma4/engine.py `decode`, mtp/batch.py) and each row's text is printed on stdout after a line `== row i: ...`;
+  (gemma4/engine/decode.py `decode`, mtp/engine/batch.py) and each row's text is printed on stdout after a line `== row i: ...`;
   the totals go to stderr.
 - With sampling, row i uses seed + i: `--seed` + i reproduces that row alone.
 - `--json` prints {"rows": [the one-prompt object of each row], "stats": {batch totals}}. A row's
@@ -29,7 +29,7 @@ from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import Drafter
 from mtp.schedule import DraftLength
-from mtp.batch import speculative_generate_batch
+from mtp.engine.batch import speculative_generate_batch
 from gemma4.engine import generate_one
 from mtp.engine import speculative_one
 

@@ -28,8 +28,8 @@ from gemma4.audio.loading import Audio, load_audio
 from gemma4.audio.prompt import PromptAudio
 from gemma4.audio.prompt import expand as expand_audio
 from gemma4.audio.wav import SAMPLE_RATE, read_wav
-from gemma4.media import Media, joined
-from gemma4.rows import PromptError
+from gemma4.engine.media import Media, joined
+from gemma4.engine.rows import PromptError
 from gemma4.tokenizer import Gemma4Tokenizer, Message
 from gemma4.vision.loading import Vision, load_vision
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES

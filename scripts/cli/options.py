@@ -33,13 +33,13 @@ from typing import NoReturn
 
 import torch
 
-from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
+from gemma4.engine.ring import PREFILL_CHUNK, RingCache, ring_slack
 from gemma4.extras.memory import cache_bytes
 from gemma4.config import ConfigError
 from gemma4.config_file import read_json
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.model import Gemma4Model
-from gemma4.rows import PromptError
+from gemma4.engine.rows import PromptError
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES
@@ -50,8 +50,9 @@ from gemma4.parallel.plan import Shard
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
-from mtp.drafter import target_kv
 from mtp.speculative import DRAFTING
+from gemma4.engine.forward import forward_rows
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 from cli.media import IMAGE_TOKENS_HELP
 from cli.parallel import leave, lost_ranks, others_wait, ranks, refusal
@@ -425,7 +426,7 @@ def most_drafts(length: DraftLength) -> int:
 def draft_room(budget: int, prefill_chunk: int | None) -> int:
     """The most drafts any round of a run can hold, whatever the schedule asks: the loop drafts within the budget
     (the first token comes from the prefill, and a round commits one token after its drafts: budget - 2) and within
-    one verify of the cache's slack (slack - 1, mtp/engine.py step 1)."""
+    one verify of the cache's slack (slack - 1, mtp/engine/rows.py step 1)."""
     return max(0, min(budget - 2, ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk) - 1))
 
 
@@ -480,12 +481,12 @@ def warm_up(model: Gemma4Model, assistant: Assistant | None, room: int) -> None:
     draft step, on a scratch cache. Timed runs, and both sides of --compare, then pay for their work alone."""
     rows = verify_rows(assistant.draft_length, room) if assistant else (1,)
     w = model.embed_tokens.weight
-    cache = KVCache(model.config, max(rows), dtype=w.dtype, device=w.device, slack=ring_slack(max(rows)))
+    cache = RingCache(model.config, max(rows), dtype=w.dtype, device=w.device, slack=ring_slack(max(rows)))
     for t in rows:
-        out = model.run(torch.full((1, t), BOS_ID), cache)
+        out = forward_rows(model, torch.full((1, t), BOS_ID), cache)
     if assistant is not None:
         cache.length = torch.tensor([max(rows)])
-        assistant.drafter.propose(model, [BOS_ID], out.hidden[:, -1], [max(rows)], target_kv(cache, model, max(rows)),
+        propose_rows(assistant.drafter, model, [BOS_ID], out.hidden[:, -1], [max(rows)], ring_kv(cache, model, max(rows)),
                                   1)
 
 

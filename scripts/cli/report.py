@@ -24,7 +24,7 @@ def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
         "tokens_per_forward": len(tokens) / forwards if forwards else 0.0,
         "seconds": seconds,
         "tokens_per_second": len(tokens) / seconds if seconds else 0.0,
-        "rounds": [{"drafted": r.drafted, "accepted": r.accepted, "seconds": s}
+        "rounds": [{"drafted": r.drafted, "accepted": r.matched, "seconds": s}
                    for r, s in zip(stats.rounds, clock.seconds(), strict=True)] if stats else [],
         "draft_lengths": {str(k): n for k, n in stats.k_histogram.items()} if stats else {},
         "seconds_at_k0": clock.at_zero(stats) if stats else 0.0,

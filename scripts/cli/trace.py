@@ -47,7 +47,7 @@ class Trace:
         return " ".join(f"{t}:{self.piece(t)!r}" for t in tokens) or "-"
 
     def __call__(self, round: Round) -> None:
-        n, k, a = round.position, len(round.drafted), round.accepted
+        n, k, a = round.position, len(round.drafted), round.matched
         if round.prefill:
             self.say(f"trace  0. prefill   positions 0..{n}; the target chooses {self.show(round.block)} at {n + 1}")
             return

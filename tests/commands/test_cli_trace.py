@@ -57,7 +57,7 @@ class Traced:
     position: int  # the newest committed position before the round
     drafted: list[int]
     targets: list[int]
-    accepted: int
+    matched: int
     block: list[int]
     added: int  # the target's own token, g_a
     length: int  # the cache's length after the rollback
@@ -105,7 +105,7 @@ def read_trace(err: str, tokenizer: Gemma4Tokenizer) -> tuple[int, int, list[Tra
         stale = range(int(one), int(one) + 1) if one else range(int(low), int(high) + 1) if low else range(0)
         round = Traced(position, drafted, tokens(targets, tokenizer), int(accepted), committed,
                        *tokens(added, tokenizer), int(length), stale)
-        assert (len(round.block) < round.accepted + 1) == bool(cut)  # only a stop id shortens a block
+        assert (len(round.block) < round.matched + 1) == bool(cut)  # only a stop id shortens a block
         rounds.append(round)
     return int(at), prefill_token, rounds
 
@@ -125,12 +125,12 @@ def test_the_trace_is_the_run(settings: list[str], tokenizer: Gemma4Tokenizer,
     # The trace comes before the statistics block, on stderr, as the rounds happen.
     assert err.rindex("trace  ") < err.index("-- speculative decoding")
     # The rounds and their drafts are those of the same run's statistics.
-    assert [(r.drafted, r.accepted) for r in rounds] == [(r["drafted"], r["accepted"]) for r in run["stats"]["rounds"]]
+    assert [(r.drafted, r.matched) for r in rounds] == [(r["drafted"], r["accepted"]) for r in run["stats"]["rounds"]]
     # The committed blocks, the prefill's token first, are the run's tokens.
     assert [first] + [t for r in rounds for t in r.block] == run["tokens"]
     newest = prompt
     for r in rounds:
-        a, k = r.accepted, len(r.drafted)
+        a, k = r.matched, len(r.drafted)
         assert r.position == newest  # each round starts where the previous one's rollback left it
         assert r.drafted[:a] == r.targets[:a] and len(r.targets) == a + 1  # d_i == g_(i-1) for i <= a
         assert a == k or r.drafted[a] != r.targets[a]  # the first draft not kept is not the target's token

@@ -12,10 +12,11 @@ import math
 import pytest
 import torch
 
-from gemma4 import KVCache, SamplerConfig, load_target, sample_generate
-from gemma4.sampling import warp
+from gemma4 import RingCache, SamplerConfig, load_target, sample_generate
+from gemma4.engine.sampling import warp
 from mtp import DraftLength, load_drafter, speculative_generate
-from mtp.drafter import target_kv
+from mtp.engine.drafts import propose_rows, ring_kv
+from gemma4.engine.forward import forward_rows
 from training.distill import Distill, ce_loss, distill_loss, kl_loss, parse_losses, tv_loss, warped_top
 
 
@@ -113,12 +114,12 @@ def first_round_alpha(target, drafter, prompt: list[int], sampler: SamplerConfig
     """sum min(p, q) of the first draft of the first round, from the states the loop will be in."""
     first = sample_generate(target, prompt, 1, sampler)[0]  # the loop's first token: the same keyed draw
     t = len(prompt)
-    cache = KVCache(target.config, t + 1)
-    out = target.run(torch.tensor([prompt]), cache, num_logits=1)
+    cache = RingCache(target.config, t + 1)
+    out = forward_rows(target, torch.tensor([prompt]), cache, num_logits=1)
     cache.length = torch.tensor([t])
-    _, q = drafter.propose(target, [first], out.hidden[:, -1], [t], target_kv(cache, target, t), 1, [sampler])
+    _, q = propose_rows(drafter, target, [first], out.hidden[:, -1], [t], ring_kv(cache, target, t), 1, [sampler])
     q = q[0]  # (1, V): row 0's one draft
-    p = warp(target(torch.tensor([prompt + [first]]))[0, -1:], sampler)  # (1, V): the verify's row 0
+    p = warp(forward_rows(target, torch.tensor([prompt + [first]])).logits[0, -1:], sampler)  # (1, V): the verify's row 0
     return float(torch.minimum(p, q).sum())
 
 

@@ -20,15 +20,16 @@ from gemma4 import Gemma4Tokenizer, SamplerConfig, load_target
 from gemma4.audio.loading import Audio, load_audio
 from gemma4.audio.prompt import PromptAudio
 from gemma4.engine import decode
-from gemma4.media import Media
+from gemma4.engine.media import Media
 from gemma4.model import Gemma4Model
-from gemma4.rows import choose
+from gemma4.engine.rows import choose
 from mtp import Conversation, DraftLength, load_drafter
-from mtp.batch import speculative_generate_batch
+from mtp.engine.batch import speculative_generate_batch
 from mtp.drafter import Drafter
 from tests.checkpoints import STOP_IDS, write_assistant, write_target
 from tests.tokenizer_fixture import write_tokenizer
 from mtp.engine import speculative_one
+from gemma4.engine.forward import forward_rows
 
 NEW = 12
 CHUNK = 7
@@ -62,7 +63,7 @@ def cache_free(target: Gemma4Model, ids: list[int], media: Media, n: int,
     """No cache and no chunks: every token from one forward over the whole sequence, its clips replaced in."""
     seq = list(ids)
     for _ in range(n):
-        out = target.run(torch.tensor([seq]), soft=media.soft([0], len(seq), torch.device("cpu")))
+        out = forward_rows(target, torch.tensor([seq]), soft=media.soft([0], len(seq), torch.device("cpu")))
         seq += choose(target, out.logits[:, -1], [sampler], [len(seq)])
     return seq[len(ids):]
 

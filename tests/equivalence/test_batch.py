@@ -18,10 +18,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from gemma4 import KVCache, Gemma4Model, SamplerConfig, greedy_generate, sample_generate
+from gemma4 import RingCache, Gemma4Model, SamplerConfig, greedy_generate, sample_generate
 from gemma4.engine import decode
-from gemma4.rows import prefill
+from gemma4.engine.rows import prefill
 from mtp import DraftLength, Drafter, speculative_generate, speculative_generate_batch
+from gemma4.engine.forward import forward_rows
 from tests.checkpoints import SHAPES
 from tests.pairs import plain, prompt
 
@@ -52,7 +53,7 @@ def sample_rows(target: Gemma4Model, prompts: list[list[int]], budgets: list[int
 
 
 def rounds(result) -> list[tuple[list[int], int]]:  # noqa: ANN001
-    return [(r.drafted, r.accepted) for r in result.stats.rounds]
+    return [(r.drafted, r.matched) for r in result.stats.rounds]
 
 
 # ---------------------------------------------------------------- every row is its solo run
@@ -119,13 +120,13 @@ SCHEDULES: list[Callable[[int, int], int]] = [
 
 
 def scripted(target: Gemma4Model, rows: list[list[int]], schedules: list[Callable[[int, int], int]]):  # noqa: ANN201
-    """A stand-in for the drafter's propose. `rows` are the prompts' greedy sequences (prompt and
+    """A stand-in for the engine's `propose_rows` (mtp/engine/drafts.py). `rows` are the prompts' greedy sequences (prompt and
     continuation). It recognises each batch row by the target hidden it is given (h[t-1] of one
     sequence) and proposes that sequence's next tokens, wrong from row r's scheduled count on."""
     with torch.inference_mode():
-        hidden = [target.run(torch.tensor([seq])).hidden[0] for seq in rows]  # (L, E) each, cache-free
+        hidden = [forward_rows(target, torch.tensor([seq])).hidden[0] for seq in rows]  # (L, E) each, cache-free
 
-    def draft(target_, tokens, h, positions, shared_kv, k, samplers=None):  # noqa: ANN001, ANN202
+    def draft(drafter_, target_, tokens, h, positions, source_kv, k, samplers=None):  # noqa: ANN001, ANN202
         out = []
         for i, pos in enumerate(positions):
             r = [j for j, hid in enumerate(hidden)
@@ -144,7 +145,7 @@ def test_rows_accepting_very_differently(pairs, monkeypatch: pytest.MonkeyPatch)
         target, drafter = pairs[shape]
         prompts = [prompt(length, 1000 * length + 7) for length in (5, 12, 30, 9)]
         sequences = [p + plain(target, p, BUDGET + k + 1) for p in prompts]
-        monkeypatch.setattr(drafter, "propose", scripted(target, sequences, SCHEDULES))
+        monkeypatch.setattr("mtp.engine.rows.propose_rows", scripted(target, sequences, SCHEDULES))
         batch = speculative_generate_batch(target, drafter, prompts, BUDGET, DraftLength(k))
         monkeypatch.undo()
         for r, (ids, result) in enumerate(zip(prompts, batch)):
@@ -179,18 +180,18 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
     stop_bonus = free[2][first_at(free[2], lambda i: i >= 4 and i % (k + 1) == 0)]
     stops = [[stop_first], [stop_inside], [stop_bonus], [], []]
     budgets = [40, 40, 40, 1 + (k + 1) * 2 + 2, 30]  # row 3's budget ends inside its third block
-    monkeypatch.setattr(drafter, "propose", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
+    monkeypatch.setattr("mtp.engine.rows.propose_rows", scripted(target, sequences, [SCHEDULES[0]] * len(prompts)))
     sizes: list[int] = []
     spied = copy.deepcopy(target)  # the spy goes on a copy: `models` is the session's, read by other tests
-    run = spied.run
 
-    def spy(ids, cache=None, start_pos=None, num_logits=None, soft=None):  # noqa: ANN001, ANN202
+    def spy(model, ids, cache=None, start_pos=None, num_logits=None, soft=None):  # noqa: ANN001, ANN202
         sizes.append(ids.shape[0])
-        out = run(ids, cache, start_pos=start_pos, num_logits=num_logits, soft=soft)
+        out = forward_rows(model, ids, cache, start_pos=start_pos, num_logits=num_logits, soft=soft)
         assert not out.logits.isnan().any() and not out.hidden.isnan().any()
         return out
 
-    monkeypatch.setattr(spied, "run", spy)
+    monkeypatch.setattr("gemma4.engine.rows.forward_rows", spy)  # the engine's prefill
+    monkeypatch.setattr("mtp.engine.rows.forward_rows", spy)  # and its verifies
     batch = speculative_generate_batch(spied, drafter, prompts, budgets, DraftLength(k), stops)
     monkeypatch.undo()
     for ids, n, stop, result in zip(prompts, budgets, stops, batch):
@@ -254,20 +255,20 @@ def test_cache_rows_equal_solo_caches(pairs, shape: str) -> None:  # noqa: ANN00
     target, _ = pairs[shape]
     rows = [p + plain(target, p, 30) for p in (prompt(3, 3001), prompt(8, 8001), prompt(30, 30001))]
     lengths = [3, 8, 30]
-    cache = KVCache(target.config, 100, batch=3)
+    cache = RingCache(target.config, 100, batch=3)
     with torch.inference_mode():
         logits, _ = prefill(target, cache, [r[:n] for r, n in zip(rows, lengths)])
         assert not logits.isnan().any()
         for blocks, keep in (([4, 1, 3], [3, 1, 2]), ([2, 5, 1], [1, 5, 1]), ([3, 3, 3], [2, 3, 1])):
             t = max(blocks)
             ids = torch.tensor([r[n:n + b] + [0] * (t - b) for r, n, b in zip(rows, lengths, blocks)])  # (B, T)
-            out = target.run(ids, cache, start_pos=cache.length)
+            out = forward_rows(target, ids, cache, start_pos=cache.length)
             assert not out.logits.isnan().any()
             lengths = [n + c for n, c in zip(lengths, keep)]  # roll back: keep c of the b positions written
             cache.length = torch.tensor(lengths)
         for b, (seq, n) in enumerate(zip(rows, lengths)):
-            solo = KVCache(target.config, n)
-            target.run(torch.tensor([seq[:n]]), solo)
+            solo = RingCache(target.config, n)
+            forward_rows(target, torch.tensor([seq[:n]]), solo)
             for layer in solo.keys:
                 torch.testing.assert_close(cache.keys[layer][b, :, :n], solo.keys[layer][0], atol=1e-5, rtol=1e-5)
                 torch.testing.assert_close(cache.values[layer][b, :, :n], solo.values[layer][0], atol=1e-5, rtol=1e-5)

@@ -1,5 +1,5 @@
-"""The engine is the textbook: every row of the engine's loops (gemma4/engine.py `decode`, `generate_one`;
-mtp/engine.py `speculative_rows`, `speculative_one`; mtp/batch.py `speculative_generate_batch`) commits the tokens,
+"""The engine is the textbook: every row of the engine's loops (gemma4/engine/decode.py `decode`, `generate_one`;
+mtp/engine/rows.py `speculative_rows`, `speculative_one`; mtp/engine/batch.py `speculative_generate_batch`) commits the tokens,
 and ends for the reason, of the textbook loop's solo run of the same prompt (gemma4/generate.py `sample_generate`,
 `greedy_generate`; mtp/speculative.py `speculative_rounds`, `speculative_generate`), on every case the textbook
 covers. float32, token lists `==`; a speculative row's rounds (position, drafts, targets, block) are the textbook's
@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 import pytest
 import torch
 
-from gemma4 import Gemma4Model, KVCache, SamplerConfig, greedy_generate, sample_generate
+from gemma4 import Gemma4Model, RingCache, SamplerConfig, greedy_generate, sample_generate
 from gemma4.engine import decode, generate_one
-from gemma4.rows import Request, new_cache
+from gemma4.engine.rows import Request, new_cache
 from mtp import Drafter, DraftLength, Round, SpecResult, speculative_generate, speculative_generate_batch
 from mtp.engine import speculative_one, speculative_rows
 from mtp.speculative import speculative_rounds
@@ -69,10 +69,10 @@ def same_run(row: SpecResult, solo: SpecResult, where: object) -> None:
     assert fields(row.stats.rounds) == fields(solo.stats.rounds), where
 
 
-def ring(model: Gemma4Model, positions: int, slack: int) -> KVCache:
+def ring(model: Gemma4Model, positions: int, slack: int) -> RingCache:
     """One row's cache whose sliding layers keep W + slack slots (positions: its capacity)."""
     w = model.embed_tokens.weight
-    return KVCache(model.config, positions, slack=slack, dtype=w.dtype, device=w.device)
+    return RingCache(model.config, positions, slack=slack, dtype=w.dtype, device=w.device)
 
 
 def first_new(tokens: list[int], at: int) -> int:
@@ -85,14 +85,19 @@ def first_new(tokens: list[int], at: int) -> int:
 class Oracle:
     """A drafter always right: it proposes each row's own textbook continuation (plain decoding's, which greedy and
     argmax drafting commit), recognising a row by its newest position (the rows' positions must not overlap). Only
-    `propose` is asked of a drafter by either loop."""
+    `propose` (the textbook loop's, one row) and `propose_rows` (the engine's) are asked of a drafter."""
 
     def __init__(self, prompts: list[list[int]], continuations: list[list[int]]) -> None:  # longer than runs ask
         self.at = {n: p + c for p, c in zip(prompts, continuations) for n in range(len(p), len(p) + len(c))}
         assert len(self.at) == sum(map(len, continuations)), "two rows reach the same position: ambiguous"
 
-    def propose(self, target, tokens: list[int], hidden, positions: list[int], shared_kv, k: int,  # noqa: ANN001
-                samplers=None) -> tuple[torch.Tensor, None]:  # noqa: ANN001
+    def propose(self, target, *, token: int, hidden, position: int, kv, k: int,  # noqa: ANN001
+                sampler=None) -> tuple[list[int], list]:  # noqa: ANN001
+        assert self.at[position][position] == token, "off the textbook's path"
+        return self.at[position][position + 1:position + 1 + k], []
+
+    def propose_rows(self, target, tokens: list[int], hidden, positions: list[int], source_kv, k: int,  # noqa: ANN001
+                     samplers=None) -> tuple[torch.Tensor, None]:  # noqa: ANN001
         assert all(self.at[n][n] == x for x, n in zip(tokens, positions)), "off the textbook's path"
         return torch.tensor([self.at[n][n + 1:n + 1 + k] for n in positions]), None
 
@@ -196,7 +201,7 @@ def test_sampled_speculative_rows_equal_textbook_runs(models, shape: str, drafti
         same_run(batch[b], solo[b], b)
     if drafting == "argmax":
         assert [r.tokens for r in solo] == [plain(target, p, n, s) for p, n, s in zip(PROMPTS, BUDGETS, samplers)]
-    accepted = [r.accepted for s in solo for r in s.stats.rounds]
+    accepted = [r.matched for s in solo for r in s.stats.rounds]
     assert 0 in accepted and max(accepted) > 0  # rejections and acceptances: both paths of `accept` ran
 
 
@@ -265,10 +270,10 @@ def test_stops_inside_accepted_blocks(models, shape: str, sampled: bool) -> None
         same_run(batch[b], speculative_generate(target, drafter, p, n, DraftLength(K), stop, s), b)
     assert [r.finish_reason for r in batch] == ["stop", "stop", "length"]
     last = [r.stats.rounds[-1] for r in batch]
-    assert len(last[0].block) < last[0].accepted and last[0].block[-1] == inside[0]  # cut inside the kept drafts
-    assert last[1].accepted == K and last[1].block == last[1].drafted + last[1].targets[-1:]  # the bonus
+    assert len(last[0].block) < last[0].matched and last[0].block[-1] == inside[0]  # cut inside the kept drafts
+    assert last[1].matched == K and last[1].block == last[1].drafted + last[1].targets[-1:]  # the bonus
     assert len(last[2].drafted) < K and len(batch[2].tokens) == budgets[2]
-    assert all(r.accepted == len(r.drafted) for row in batch for r in row.stats.rounds)  # always right
+    assert all(r.matched == len(r.drafted) for row in batch for r in row.stats.rounds)  # always right
 
 
 # ---------------------------------------------------------------- every schedule

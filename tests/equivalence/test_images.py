@@ -17,15 +17,16 @@ import torch
 from gemma4 import Gemma4Tokenizer, SamplerConfig, load_target
 from gemma4.engine import decode
 from gemma4.model import Gemma4Model
-from gemma4.rows import choose
+from gemma4.engine.rows import choose
 from gemma4.vision.loading import Vision, load_vision
 from gemma4.vision.prompt import PromptImages, expand
 from mtp import Conversation, DraftLength, load_drafter
 from mtp.drafter import Drafter
-from mtp.batch import speculative_generate_batch
+from mtp.engine.batch import speculative_generate_batch
 from tests.checkpoints import STOP_IDS, picture, write_assistant, write_target
 from tests.tokenizer_fixture import write_tokenizer
 from mtp.engine import speculative_one
+from gemma4.engine.forward import forward_rows
 
 FAMILIES = {"e2b": None, "moe": None, "dense": True, "12b": None}  # shape -> both_ways (None: the file's default)
 NEW = 12
@@ -49,7 +50,7 @@ def cache_free(target: Gemma4Model, ids: list[int], images: PromptImages, n: int
     """No cache and no chunks: every token from one forward over the whole sequence, its images replaced in."""
     seq = list(ids)
     for _ in range(n):
-        out = target.run(torch.tensor([seq]), soft=images.soft([0], len(seq), torch.device("cpu")))
+        out = forward_rows(target, torch.tensor([seq]), soft=images.soft([0], len(seq), torch.device("cpu")))
         seq += choose(target, out.logits[:, -1], [sampler], [len(seq)])
     return seq[len(ids):]
 

@@ -19,6 +19,7 @@ from gemma4.fast import products
 from gemma4.fast.int4 import Int4Product
 from gemma4.int4 import Int4Linear
 from mtp import Conversation, Drafter, DraftLength, load_drafter, speculative_generate, speculative_generate_batch
+from gemma4.engine.forward import forward_rows
 from tests.checkpoints import STOP_IDS, write_assistant
 from tests.int4_checkpoints import write_int4_target
 from tests.pairs import plain, prompt, shrink_branches
@@ -63,7 +64,7 @@ def test_speculative_equals_plain(pair) -> None:  # noqa: ANN001
             assert greedy.tokens == plain(target, ids, n), (len(ids), k)
             sampled = speculative_generate(target, drafter, ids, n, DraftLength(k), sampler=SAMPLED)
             assert sampled.tokens == plain(target, ids, n, SAMPLED), (len(ids), k)
-            accepted += [r.accepted for r in greedy.stats.rounds + sampled.stats.rounds]
+            accepted += [r.matched for r in greedy.stats.rounds + sampled.stats.rounds]
     assert 0 in accepted and 4 in accepted  # rounds that kept none and all of their drafts
     assert plain(target, PROMPTS[2], 16, SAMPLED) != plain(target, PROMPTS[2], 16)  # sampling is not greedy here
 
@@ -77,8 +78,8 @@ def test_batch_rows_equal_solo_runs(pair) -> None:  # noqa: ANN001
             sampler = None if rows is None else rows[b]
             solo = speculative_generate(target, drafter, ids, n, DraftLength(3), sampler=sampler)
             assert batch[b].tokens == solo.tokens == plain(target, ids, n, sampler), (b, sampler)
-            assert [(r.drafted, r.accepted) for r in batch[b].stats.rounds] == [
-                (r.drafted, r.accepted) for r in solo.stats.rounds], (b, sampler)
+            assert [(r.drafted, r.matched) for r in batch[b].stats.rounds] == [
+                (r.drafted, r.matched) for r in solo.stats.rounds], (b, sampler)
 
 
 @pytest.mark.parametrize("sampler", (SamplerConfig(temperature=0.0), SamplerConfig(temperature=0.8, top_k=40, seed=7)),
@@ -111,7 +112,7 @@ def test_speed_layer_is_the_textbook(files: tuple[Path, Path]) -> None:
     exact = load_target(files[0], dtype=torch.float64, fast=False)
     for ids in PROMPTS:
         x = torch.tensor([ids])
-        reference = exact(x)[0]
+        reference = forward_rows(exact, x).logits[0]
         floor = 64 * torch.finfo(torch.float32).eps * float(reference.abs().max())
-        textbook_error = float((textbook(x)[0].double() - reference).abs().max())
-        assert float((speed(x)[0].double() - reference).abs().max()) <= max(4 * textbook_error, floor)
+        textbook_error = float((forward_rows(textbook, x).logits[0].double() - reference).abs().max())
+        assert float((forward_rows(speed, x).logits[0].double() - reference).abs().max()) <= max(4 * textbook_error, floor)

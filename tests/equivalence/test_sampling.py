@@ -21,17 +21,22 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from gemma4 import SamplerConfig, greedy_generate, sample_generate
-from gemma4.cache import KV
+from gemma4.engine.ring import KV
 from gemma4.fast.sampling import WHOLE_ROWS
-from gemma4.sampling import (
-    GOLDEN, MASK64, TEXTBOOK, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits,
+from gemma4.engine.sampling import (
+    GOLDEN, MASK64, RULE, TOKEN_STREAM, ACCEPT_STREAM, candidates, exponential_noise, finalise, keyed_bits,
     keyed_choice, sample, signed, stream_key, uniform_from_bits, warp, warp_row,
 )
 from mtp import SCHEDULES, DraftLength, speculative_generate
 from tests.checkpoints import SHAPES
 from tests.pairs import DRAFTERS, plain, prompt  # the `models` fixture is in conftest.py
 from mtp.sample_drafting import draft_logits
-from mtp.sample_drafting import keyed_sample, keyed_uniform
+from mtp.sample_drafting import keyed_uniform
+from mtp.engine.drafts import keyed_sample
+from gemma4.engine import generate_one
+from gemma4.engine.forward import forward_rows
+from mtp.engine import speculative_one
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 SEEDS = (0, 1, 2)
 SAMPLER = dict(temperature=1.0, top_k=20, top_p=0.9)
@@ -212,7 +217,7 @@ def test_a_tokens_noise_does_not_depend_on_the_other_candidates() -> None:
         positions = [10, 11, 12, 13]
         everywhere = [int((probs[i].double() / exponential_noise(0, TOKEN_STREAM, n, torch.arange(4096))).argmax())
                       for i, n in enumerate(positions)]
-        dense = keyed_sample(TEXTBOOK, warp(logits, cfg), 0, TOKEN_STREAM, positions).tolist()
+        dense = keyed_sample(RULE, warp(logits, cfg), 0, TOKEN_STREAM, positions).tolist()
         assert sample(logits, cfg, TOKEN_STREAM, positions) == everywhere == dense
 
 
@@ -225,21 +230,21 @@ def test_an_exact_tie_goes_to_the_lowest_id() -> None:
 
 def test_keyed_draws_depend_on_seed_and_position_only() -> None:
     probs = torch.full((1, 50), 1 / 50)
-    draw = lambda seed, n: keyed_sample(TEXTBOOK, probs, seed, TOKEN_STREAM, [n]).item()  # noqa: E731
+    draw = lambda seed, n: keyed_sample(RULE, probs, seed, TOKEN_STREAM, [n]).item()  # noqa: E731
     state = torch.get_rng_state()
     first = [draw(0, n) for n in range(40)]
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG is untouched
     torch.manual_seed(123)  # and moving it changes nothing
     assert [draw(0, n) for n in reversed(range(40))] == first[::-1]  # order of the calls does not matter
     assert [draw(1, n) for n in range(40)] != first
-    rows = keyed_sample(TEXTBOOK, probs.expand(40, 50), 0, TOKEN_STREAM, list(range(40))).tolist()  # one call, 40 rows
+    rows = keyed_sample(RULE, probs.expand(40, 50), 0, TOKEN_STREAM, list(range(40))).tolist()  # one call, 40 rows
     assert rows == first
 
 
 def test_keyed_draws_follow_the_distribution() -> None:
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0]])
     n = 4000
-    counts = torch.bincount(keyed_sample(TEXTBOOK, p.expand(n, 5), 5, TOKEN_STREAM, list(range(n))), minlength=5)
+    counts = torch.bincount(keyed_sample(RULE, p.expand(n, 5), 5, TOKEN_STREAM, list(range(n))), minlength=5)
     assert counts[4] == 0  # p = 0 never wins
     expected = p[0, :4] * n
     chi2 = float(((counts[:4] - expected) ** 2 / expected).sum())
@@ -278,13 +283,14 @@ def test_rows_kept_whole_as_on_a_gpu(models, shape: str, monkeypatch: pytest.Mon
     whole = WHOLE_ROWS.warp(logits, SamplerConfig(**SAMPLER))
     assert torch.equal(whole > 0, picked > 0) and torch.allclose(whole, picked, rtol=1e-5, atol=1e-7)
     target, draft_model = models[shape, "echo"]  # partly right: drafts kept and rejected
-    monkeypatch.setattr(target, "sampling", WHOLE_ROWS)  # the session's model: its textbook rule comes back after
+    # The session's model: it has no rule of its own again after. The engine's loops draw by a model's rule.
+    monkeypatch.setattr(target, "sampling", WHOLE_ROWS, raising=False)
     sampler, budget = SamplerConfig(**SAMPLER, seed=1), 16
-    expected = sample_generate(target, prompt("long"), budget, sampler)  # not `plain`: it remembers picked-out runs
-    assert speculative_generate(target, draft_model, prompt("long"), budget, DraftLength(3), sampler=sampler).tokens \
+    expected = generate_one(target, prompt("long"), budget, sampler)  # not `plain`: it remembers picked-out runs
+    assert speculative_one(target, draft_model, prompt("long"), budget, DraftLength(3), sampler=sampler).tokens \
         == expected
-    runs = [speculative_generate(target, draft_model, prompt("long"), budget, DraftLength(3), sampler=sampler,
-                                 drafting="sample").tokens for _ in range(2)]
+    runs = [speculative_one(target, draft_model, prompt("long"), budget, DraftLength(3), sampler=sampler,
+                            drafting="sample").tokens for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == budget
 
 
@@ -296,7 +302,7 @@ def test_sampling_paths_are_exercised(models) -> None:  # noqa: ANN001
             target, draft_model = models[shape, drafter]
             stats = speculative_generate(target, draft_model, prompt("long"), 30, DraftLength(3),
                                          sampler=SamplerConfig(**SAMPLER, seed=0)).stats
-            counts += [r.accepted for r in stats.rounds]
+            counts += [r.matched for r in stats.rounds]
     assert 0 in counts and any(0 < a < 3 for a in counts) and 3 in counts
 
 
@@ -330,12 +336,12 @@ def test_sample_drafting_gives_the_centroid_filler_probability_zero(models) -> N
     not transformers' min - 1 filler, which gives every other token a small probability."""
     target, drafter = models["e2b", "echo"]  # E2B-like: centroid head, 16 centroids, top 4 -> 128 candidates
     p = prompt("long")
-    out = target.run(torch.tensor([p]))
+    out = forward_rows(target, torch.tensor([p]))
     t = len(p)
     sampler = SamplerConfig(temperature=1.0)  # no top-k/top-p: only the filler can make zeros
-    drafts, q = drafter.propose(target, [p[-1]], out.hidden[:, -2], [t - 1],
+    drafts, q = propose_rows(drafter, target, [p[-1]], out.hidden[:, -2], [t - 1],
                                 {kind: KV(k[:, :, :t - 1], v[:, :, :t - 1], at[:, :t - 1])
-                                 for kind, (k, v, at) in out.shared_kv.items()},
+                                 for kind, (k, v, at) in out.source_kv.items()},
                                 3, [sampler])
     drafts, q = drafts[0].tolist(), q[0]  # the one row
     assert q.shape == (3, 512)

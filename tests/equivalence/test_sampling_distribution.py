@@ -15,8 +15,10 @@ give χ² ≥ 80 at 400 runs (threshold 51.3), while 5% of the likeliest token's
 likely of one row's 3 candidates has λ = 2.0 at N = 800 and 39 at N = 16,000, the draws that
 `test_a_five_percent_bias_fails` takes: there the exact sampler passes and the biased one fails.
 
-Each mode also runs deliberately wrong acceptance rules (monkeypatched into mtp.accept, or, for argmax
-drafting's keyed rule, which `accept` runs inline, into the loop's `accept`; N_WRONG runs each) and asserts that
+The product's rules run in the textbook loop (mtp/speculative.py). Each mode also runs deliberately wrong
+acceptance rules in the engine (mtp/engine/rows.py, which the engine tests hold token-equal to the textbook loop),
+monkeypatched into mtp/engine/accept.py (or, for argmax drafting's keyed rule, which `accept_by_rule` runs
+inline, into the engine loop's `accept_by_rule`; N_WRONG runs each) and asserts that
 they fail, so the test is known to detect what it is for:
 - transformers' rule: q = softmax of the raw, unwarped drafter logits in the ratio test
   (transformers#47932). Against a drafter whose raw q(d) is below the target's p(d) it always keeps d;
@@ -41,17 +43,19 @@ import math
 import pytest
 import torch
 
-import mtp.accept as rules
-import mtp.sample_drafting as rejection
-import mtp.speculative as loop
+import mtp.engine.accept as rules
+import mtp.engine.accept as rejection
+import mtp.engine.rows as loop
 from gemma4 import SamplerConfig, load_target
-from gemma4.sampling import (
+from gemma4.engine.sampling import (
     TOKEN_STREAM, ACCEPT_STREAM, candidates, keyed_choice, sample, warp,
 )
-from mtp import DraftLength, load_drafter, speculative_generate
+from mtp import DraftLength, load_drafter, speculative_generate, speculative_one
 from tests.pairs import prompt
 from mtp.sample_drafting import draft_logits
-from mtp.sample_drafting import keyed_sample, keyed_uniform
+from mtp.sample_drafting import keyed_uniform
+from mtp.engine.drafts import keyed_sample
+from gemma4.engine.forward import forward_rows
 
 L, K, N, N_WRONG = 4, 2, 800, 400  # a wrong rule fails by a wide margin at half the runs
 SAMPLER = dict(temperature=1.0, top_k=3, top_p=1.0)
@@ -65,7 +69,7 @@ def exact_law(target, ids: list[int], sampler: SamplerConfig) -> dict[tuple[int,
     for _ in range(L):
         longer = {}
         for seq, p in law.items():
-            row = warp(target(torch.tensor([ids + list(seq)]))[0, -1:], sampler)[0]  # (V,)
+            row = warp(forward_rows(target, torch.tensor([ids + list(seq)])).logits[0, -1:], sampler)[0]  # (V,)
             for token in row.nonzero().flatten().tolist():
                 longer[seq + (token,)] = p * float(row[token])
         law = longer
@@ -95,7 +99,7 @@ def chi_square(law: dict[tuple[int, ...], float], samples: list[tuple[int, ...]]
 
 # ---------------------------------------------------------------- the wrong rules
 
-CORRECT_ACCEPT, CORRECT_REJECTION = rules.accept, rules.accept_rejection
+CORRECT_ACCEPT, CORRECT_REJECTION = rules.accept_by_rule, rules.reject_by_rule
 
 
 def correct_keyed(rule, drafts, logits, sampler, t):  # noqa: ANN001, ANN201
@@ -174,15 +178,15 @@ def rejection_shared_uniform(rule, drafts, q, logits, sampler, t):  # noqa: ANN0
 
 
 RULES = {  # name -> (drafting mode, the function replaced, its replacement); None: the product's own
-    # "keyed": argmax drafting's rule, which `accept` runs inline: the loop's `accept` is replaced (keyed_replaced)
+    # "keyed": argmax drafting's rule, which `accept_by_rule` runs inline: the engine loop's is replaced
     "argmax": ("argmax", None, None),
     "argmax, transformers' raw-q rule": ("argmax", "keyed", keyed_transformers),
     "argmax, bonus from the wrong row": ("argmax", "keyed", keyed_wrong_bonus),
     "argmax, no d-zeroing on rejection": ("argmax", "keyed", keyed_no_zeroing),
     "sample": ("sample", None, None),
-    "sample, transformers' raw-q rule": ("sample", "accept_rejection", rejection_transformers),
-    "sample, bonus from the wrong row": ("sample", "accept_rejection", rejection_wrong_bonus),
-    "sample, one uniform for the block": ("sample", "accept_rejection", rejection_shared_uniform),
+    "sample, transformers' raw-q rule": ("sample", "reject_by_rule", rejection_transformers),
+    "sample, bonus from the wrong row": ("sample", "reject_by_rule", rejection_wrong_bonus),
+    "sample, one uniform for the block": ("sample", "reject_by_rule", rejection_shared_uniform),
     "argmax, auto schedule": ("argmax", None, None),
     "sample, auto schedule": ("sample", None, None),
 }
@@ -217,14 +221,15 @@ def test_first_tokens_follow_the_target_law(rule: str, mini, law, monkeypatch: p
     drafting, replaced, replacement = RULES[rule]
     raw_q_spy(drafter, monkeypatch)
     if replaced == "keyed":
-        monkeypatch.setattr(loop, "accept", keyed_replaced(replacement))
+        monkeypatch.setattr(loop, "accept_by_rule", keyed_replaced(replacement))
     elif replaced:
         monkeypatch.setattr(rules, replaced, replacement)
     runs = N if replaced is None else N_WRONG
     samples, accepted = [], 0
     for seed in range(runs):
-        result = speculative_generate(target, drafter, prompt("short"), L, draft_length(rule),
-                                      sampler=SamplerConfig(**SAMPLER, seed=seed), drafting=drafting)
+        run = speculative_generate if replaced is None else speculative_one  # the textbook; the engine, patched
+        result = run(target, drafter, prompt("short"), L, draft_length(rule),
+                     sampler=SamplerConfig(**SAMPLER, seed=seed), drafting=drafting)
         samples.append(tuple(result.tokens))
         accepted += result.stats.accepted
     chi2, threshold = chi_square(law, samples)
@@ -245,7 +250,7 @@ def test_keyed_draws_with_every_token_a_candidate(top_p: float, mini) -> None:  
     logits drawn at DRAWS positions (each its own noise: i.i.d. draws) against its warped law."""
     target, _ = mini
     with torch.inference_mode():
-        logits = target(torch.tensor([prompt("short")]))[0, -1:]  # (1, V)
+        logits = forward_rows(target, torch.tensor([prompt("short")])).logits[0, -1:]  # (1, V)
     cfg = SamplerConfig(temperature=1.0, top_k=0, top_p=top_p)
     probs = warp(logits, cfg)[0]  # (V,)
     assert int((probs > 0).sum()) > (100 if top_p < 1 else logits.shape[-1] - 1)  # many candidates
@@ -265,7 +270,7 @@ def test_a_five_percent_bias_fails(mini) -> None:  # noqa: ANN001
     likeliest token's mass moved to its least likely candidate fail."""
     target, _ = mini
     with torch.inference_mode():
-        logits = target(torch.tensor([prompt("short")]))[0, -1]  # (V,)
+        logits = forward_rows(target, torch.tensor([prompt("short")])).logits[0, -1]  # (V,)
     cfg = SamplerConfig(**SAMPLER)
     ids, p = candidates(logits, cfg)  # (3,) each: `sample` draws keyed_choice(ids, p, ...)
     biased = p.clone()

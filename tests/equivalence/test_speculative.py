@@ -21,6 +21,10 @@ from tests.checkpoints import SHAPES
 from tests.measured import ACCEPTANCE  # printed by the terminal summary
 from tests.pairs import DRAFTERS, PROMPTS, plain, prompt  # the `models` fixture is in conftest.py
 from mtp.engine import speculative_one
+from mtp.speculative import speculative_rounds
+from mtp.stats import result_of
+from gemma4.engine.forward import forward_rows
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 KS = (1, 2, 3, 4, 6, 8)
 
@@ -56,7 +60,7 @@ def test_drafters_cover_every_path(models) -> None:  # noqa: ANN001
         assert rates["random"].acceptance_rate < 0.2, shape
         assert 0.2 < rates["echo"].acceptance_rate < 0.95, shape
         assert rates["always"].acceptance_rate == 1.0, shape
-        partial += [r.accepted for r in rates["echo"].rounds]
+        partial += [r.matched for r in rates["echo"].rounds]
     assert 0 in partial and any(0 < a < 3 for a in partial) and 3 in partial  # none, some, all accepted
 
 
@@ -72,13 +76,13 @@ def test_stop_id_inside_an_accepted_block() -> None:
     # A token committed as an accepted draft, not last in its block, and seen there for the first time.
     committed, position, stop = 1, None, None
     for r in free.stats.rounds:
-        for i in range(min(r.accepted, 3)):
+        for i in range(min(r.matched, 3)):
             if r.drafted[i] not in free.tokens[: committed + i]:
                 position, stop = committed + i, r.drafted[i]
                 break
         if stop is not None:
             break
-        committed += r.accepted + 1
+        committed += r.matched + 1
     assert stop is not None, "no accepted draft introduced a new token"
     expected = greedy_generate(target, ids, 48)[: position + 1]
     assert expected[-1] == stop
@@ -86,7 +90,7 @@ def test_stop_id_inside_an_accepted_block() -> None:
     assert result.tokens == expected
     assert result.finish_reason == "stop"
     assert result.stats.emitted == len(expected)
-    assert result.stats.accepted < sum(r.accepted for r in result.stats.rounds)  # drafts after the stop
+    assert result.stats.accepted < sum(r.matched for r in result.stats.rounds)  # drafts after the stop
     assert reference_greedy(target, ids, 48, stop_ids=[stop]) == expected
 
 
@@ -108,15 +112,15 @@ def reference_loop(
     """mtp/README.md §7 with no cache at all: every round recomputes the target over the committed sequence,
     hands the drafter the K/V of positions 0..t-1, and verifies by recomputing everything again."""
     seq = list(prompt_ids)
-    seq.append(int(target(torch.tensor([seq]))[0, -1].argmax()))
+    seq.append(int(forward_rows(target, torch.tensor([seq])).logits[0, -1].argmax()))
     rounds = []
     while len(seq) - len(prompt_ids) < max_new:
         t = len(seq) - 1
         k_eff = length.next(max_new - (len(seq) - len(prompt_ids)) - 1)  # the schedule's K, within the budget
-        before = target.run(torch.tensor([seq[:t]]))  # positions 0..t-1, fresh
-        drafts = drafter.propose(target, [seq[t]], before.hidden[:, -1], [t], before.shared_kv, k_eff)[0][0].tolist() \
+        before = forward_rows(target, torch.tensor([seq[:t]]))  # positions 0..t-1, fresh
+        drafts = propose_rows(drafter, target, [seq[t]], before.hidden[:, -1], [t], before.source_kv, k_eff)[0][0].tolist() \
             if k_eff else []
-        greedy = target(torch.tensor([seq + drafts]))[0, t:].argmax(-1).tolist()  # g_0..g_K
+        greedy = forward_rows(target, torch.tensor([seq + drafts])).logits[0, t:].argmax(-1).tolist()  # g_0..g_K
         a = 0
         while a < len(drafts) and drafts[a] == greedy[a]:
             a += 1
@@ -137,7 +141,7 @@ def test_matches_reference_loop(models, shape: str, drafter: str, k: int, schedu
     tokens, rounds = reference_loop(target, draft_model, prompt("long"), 30, DraftLength(k, schedule, **fixed))
     result = speculative_generate(target, draft_model, prompt("long"), 30, DraftLength(k, schedule, **fixed))
     assert result.tokens == tokens
-    assert [(r.drafted, r.accepted) for r in result.stats.rounds] == rounds
+    assert [(r.drafted, r.matched) for r in result.stats.rounds] == rounds
 
 
 def test_heuristic_schedule_persists_across_calls(models) -> None:  # noqa: ANN001
@@ -145,7 +149,7 @@ def test_heuristic_schedule_persists_across_calls(models) -> None:  # noqa: ANN0
     for schedule, carried in (("heuristic", True), ("heuristic_transient", False)):
         length = DraftLength(2, schedule)
         first = speculative_generate(target, draft_model, prompt("short"), 30, length)
-        assert first.stats.rounds[0].accepted == 2 and len(first.stats.rounds[1].drafted) == 4  # +2 when all accepted
+        assert first.stats.rounds[0].matched == 2 and len(first.stats.rounds[1].drafted) == 4  # +2 when all accepted
         reached = length.k
         second = speculative_generate(target, draft_model, prompt("short"), 30, length)
         expected_first = min(reached, 30 - 2) if carried else 2
@@ -169,22 +173,25 @@ def test_cache_length_and_statistics_match_a_recount(models, monkeypatch: pytest
         seen: list[tuple[int, int, int]] = []  # (start_pos, cache length, committed tokens) at every verify forward
         proposals: list[tuple[int, list[int]]] = []  # (position, drafts) as the drafter returned them
         committed = [len(p)]
-        run, propose = target.run, draft_model.propose
+        forward, propose = target.forward, draft_model.propose
 
-        def spy(ids, cache=None, start_pos=None, num_logits=None, soft=None):  # noqa: ANN001, ANN202
-            if start_pos is not None and int(start_pos[0]):  # past the prefill's, from position 0
-                seen.append((int(start_pos[0]), int(cache.length[0]), committed[0]))
-            return run(ids, cache, start_pos=start_pos, num_logits=num_logits, soft=soft)
+        def spy(ids, start=0, cache=None, last=None):  # noqa: ANN001, ANN202
+            if start:  # past the prefill's, from position 0
+                seen.append((start, cache.length, committed[0]))
+            return forward(ids, start, cache, last)
 
-        def spy_propose(*args):  # noqa: ANN002, ANN202 (target, tokens, hidden, positions, kv, k, samplers)
-            drafts, q = propose(*args)
-            proposals.append((args[3][0], drafts[0].tolist()))  # the one row
+        def spy_propose(target_, **kw):  # noqa: ANN001, ANN003, ANN202 (token, hidden, position, kv, k, sampler)
+            drafts, q = propose(target_, **kw)
+            proposals.append((kw["position"], drafts))
             return drafts, q
 
-        monkeypatch.setattr(target, "run", spy)
+        monkeypatch.setattr(target, "forward", spy)
         monkeypatch.setattr(draft_model, "propose", spy_propose)
-        result = speculative_one(target, draft_model, p, 37, DraftLength(3),
-                                      on_round=lambda r: committed.__setitem__(0, committed[0] + len(r.block)))
+        rounds = []
+        for r in speculative_rounds(target, draft_model, p, 37, DraftLength(3)):
+            committed[0] += len(r.block)
+            rounds.append(r)
+        result = result_of(rounds, ())
         monkeypatch.undo()
         # Every round starts with the cache holding exactly the committed tokens but the newest.
         assert all(start == length == n - 1 for start, length, n in seen)
@@ -200,7 +207,7 @@ def test_cache_length_and_statistics_match_a_recount(models, monkeypatch: pytest
         drafted_at = [sum(len(d) > i for _, d in proposals) for i in range(longest)]
         accepted_at = [sum(a > i for a in accepted) for i in range(longest)]
         s = result.stats
-        assert [(r.drafted, r.accepted) for r in s.rounds] == [(d, a) for (_, d), a in zip(proposals, accepted)]
+        assert [(r.drafted, r.matched) for r in s.rounds] == [(d, a) for (_, d), a in zip(proposals, accepted)]
         assert 0 < sum(accepted) < s.drafted == sum(len(d) for _, d in proposals)  # partly right: the case is mixed
         assert (s.emitted, s.accepted, s.target_forwards) == (37, sum(accepted), 1 + len(seen))
         assert (s.drafted_at, s.accepted_at) == (drafted_at, accepted_at)
@@ -214,7 +221,7 @@ def test_statistics_of_a_drafter_always_right(models) -> None:  # noqa: ANN001
     18th comes from a round with no drafts (K = 0: drafting it could not be committed)."""
     target, draft_model = models["moe", "always"]
     s = speculative_generate(target, draft_model, prompt("short"), 18, DraftLength(3)).stats
-    assert [len(r.drafted) for r in s.rounds] == [3, 3, 3, 3, 0] and [r.accepted for r in s.rounds] == [3, 3, 3, 3, 0]
+    assert [len(r.drafted) for r in s.rounds] == [3, 3, 3, 3, 0] and [r.matched for r in s.rounds] == [3, 3, 3, 3, 0]
     assert s.k_histogram == {0: 1, 3: 4}
     assert (s.emitted, s.drafted, s.accepted, s.target_forwards) == (18, 12, 12, 6)
     assert (s.drafted_at, s.accepted_at, s.per_position_acceptance) == ([4, 4, 4], [4, 4, 4], [1.0, 1.0, 1.0])

@@ -1,4 +1,4 @@
-"""The bounded KV cache is exact: sliding layers that keep only a ring of W + slack slots (gemma4/cache.py) give the
+"""The bounded KV cache is exact: sliding layers that keep only a ring of W + slack slots (gemma4/engine/ring.py) give the
 logits and tokens of a cache that keeps every position, and of the cache-free forward.
 
 The test models' windows are tiny (target W = 8, drafter W_d = 6) and the rings here are W + 1..7 slots (a cache
@@ -18,18 +18,17 @@ import pytest
 import torch
 
 from gemma4 import (
-    Gemma4Model, Gemma4Tokenizer, KVCache, SamplerConfig, greedy_generate, load_target, reference_greedy,
+    Gemma4Model, Gemma4Tokenizer, RingCache, SamplerConfig, greedy_generate, load_target, reference_greedy,
 )
-from gemma4.cache import EMPTY
+from gemma4.engine.ring import EMPTY
 from gemma4.extras.memory import cache_bytes
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget
 from gemma4.engine import decode
 from gemma4.generate import sample_generate
-from gemma4.rows import prefill
+from gemma4.engine.rows import prefill
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate, speculative_generate_batch
 from mtp.extras.conversation import common_prefix
 from mtp.extras.growing import GrowingCache
-from mtp.drafter import target_kv
 from tests.checkpoints import SHAPES, STOP_IDS
 from tests.pairs import plain
 from tests.tf_oracle import tf_logits, tf_target
@@ -38,6 +37,8 @@ from tests.tolerance import EPS32, FLOOR, RATIO, SAME_MATH, assert_fp32_parity
 from gemma4.engine import generate_one
 from mtp.engine import speculative_one
 from mtp.sample_drafting import draft_logits
+from gemma4.engine.forward import forward_rows
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 W = 8  # the target's sliding window (tests/checkpoints.py)
 SLACK = 5  # the rings: W + 5 = 13 slots, verifies of up to 4 drafts
@@ -55,10 +56,10 @@ PROMPT = ids(40, 1)  # 5 target windows, 3 rings of 13
 ODD = ids(43, 11)  # a prime length: no chunk of 3, 5 or 7 divides it
 
 
-def ring(model: Gemma4Model, positions: int, slack: int = SLACK, **kw) -> KVCache:  # noqa: ANN003
+def ring(model: Gemma4Model, positions: int, slack: int = SLACK, **kw) -> RingCache:  # noqa: ANN003
     """A cache whose sliding layers keep W + slack slots (positions: its capacity)."""
     w = model.embed_tokens.weight
-    return KVCache(model.config, positions, slack=slack, dtype=w.dtype, device=w.device, **kw)
+    return RingCache(model.config, positions, slack=slack, dtype=w.dtype, device=w.device, **kw)
 
 
 def growing(model: Gemma4Model, positions: int, slack: int = SLACK) -> GrowingCache:
@@ -67,25 +68,25 @@ def growing(model: Gemma4Model, positions: int, slack: int = SLACK) -> GrowingCa
     return GrowingCache(model.config, positions, dtype=w.dtype, device=w.device, slack=slack)
 
 
-def written(cache: KVCache) -> int:
+def written(cache: RingCache) -> int:
     """One past the newest position a forward wrote (a stale one included): the rings record every write's position,
     and a rollback's rewrite never reaches the newest one's slot (it lies less than a ring behind)."""
     return int(cache.slot_positions.max()) + 1
 
 
-def unbounded(model: Gemma4Model, positions: int) -> KVCache:
+def unbounded(model: Gemma4Model, positions: int) -> RingCache:
     """A cache that keeps every position of every layer: slack >= capacity makes the ring the capacity."""
     cache = ring(model, positions, slack=positions)
     assert cache.ring == positions
     return cache
 
 
-def chunked_logits(model: Gemma4Model, tokens: list[int], chunk: int, cache: KVCache) -> torch.Tensor:
+def chunked_logits(model: Gemma4Model, tokens: list[int], chunk: int, cache: RingCache) -> torch.Tensor:
     """Every position's logits (T, V), the ids run in chunks through `cache` as `prefill` runs them."""
     rows = []
     for start in range(0, len(tokens), chunk):
         cache.length = torch.tensor([start])
-        rows.append(model.run(torch.tensor([tokens[start:start + chunk]]), cache, cache.length).logits[0])
+        rows.append(forward_rows(model, torch.tensor([tokens[start:start + chunk]]), cache, cache.length).logits[0])
     cache.length = torch.tensor([len(tokens)])
     return torch.cat(rows)
 
@@ -117,8 +118,8 @@ def rounds(result, start: int) -> list[tuple[int, int, int]]:  # noqa: ANN001
     """(t, K, a) of every round of a speculative run from a prompt of `start` tokens (no stop ids)."""
     out, t = [], start
     for r in result.stats.rounds:
-        out.append((t, len(r.drafted), r.accepted))
-        t += r.accepted + 1
+        out.append((t, len(r.drafted), r.matched))
+        t += r.matched + 1
     return out
 
 
@@ -145,7 +146,7 @@ def test_chunked_prefill_logits_within_the_float64_bound(float64_e2b, chunk: int
     whole prompt; `prefill` itself gives the last position's."""
     target64, _, target_dir = float64_e2b
     target32 = load_target(target_dir)
-    one_pass, one_pass64 = target32(torch.tensor([ODD]))[0], target64(torch.tensor([ODD]))[0]
+    one_pass, one_pass64 = forward_rows(target32, torch.tensor([ODD])).logits[0], forward_rows(target64, torch.tensor([ODD])).logits[0]
     chunked = chunked_logits(target32, ODD, chunk, ring(target32, len(ODD), slack=chunk))
     cache = ring(target64, len(ODD), slack=chunk)
     chunked64 = chunked_logits(target64, ODD, chunk, cache)
@@ -222,9 +223,9 @@ def test_sampling_on_a_small_ring(models) -> None:  # noqa: ANN001
     whole = speculative_one(target, drafter, PROMPT, NEW, DraftLength(3), sampler=SAMPLER, drafting="sample",
                                  cache=unbounded(target, n))
     assert sampled.tokens == whole.tokens
-    assert [(r.drafted, r.accepted) for r in sampled.stats.rounds] == [(r.drafted, r.accepted)
+    assert [(r.drafted, r.matched) for r in sampled.stats.rounds] == [(r.drafted, r.matched)
                                                                        for r in whole.stats.rounds]
-    assert written(small) > 4 * small.ring and any(r.accepted < len(r.drafted) for r in sampled.stats.rounds)
+    assert written(small) > 4 * small.ring and any(r.matched < len(r.drafted) for r in sampled.stats.rounds)
 
 
 # ---------------------------------------------------------------- batches
@@ -244,8 +245,8 @@ def test_batch_rows_equal_solo_runs(models) -> None:  # noqa: ANN001
     for b, (p, n) in enumerate(zip(prompts, budgets)):
         solo = speculative_one(target, drafter, p, n, DraftLength(4), prefill_chunk=64)
         assert batch[b].tokens == solo.tokens == expected[b], b
-        assert [(r.drafted, r.accepted) for r in batch[b].stats.rounds] == \
-            [(r.drafted, r.accepted) for r in solo.stats.rounds], b
+        assert [(r.drafted, r.matched) for r in batch[b].stats.rounds] == \
+            [(r.drafted, r.matched) for r in solo.stats.rounds], b
 
 
 def test_batch_rows_on_a_tiny_ring(float64_e2b) -> None:  # noqa: ANN001
@@ -259,14 +260,14 @@ def test_batch_rows_on_a_tiny_ring(float64_e2b) -> None:  # noqa: ANN001
     logits, _ = prefill(target, cache, prompts, chunk=SLACK)  # (B, V)
     seqs = [list(p) for p in prompts]
     for b, seq in enumerate(seqs):
-        same_math(logits[b], target(torch.tensor([seq]))[0, -1])
+        same_math(logits[b], forward_rows(target, torch.tensor([seq])).logits[0, -1])
     g = torch.Generator().manual_seed(8)
     for step in range(8):
         block = torch.randint(3, 512, (3, 3), generator=g)  # (B, 3)
-        out = target.run(block, cache, start_pos=cache.length)  # (B, 3, V)
+        out = forward_rows(target, block, cache, start_pos=cache.length)  # (B, 3, V)
         keep = [1 + (step + b) % 3 for b in range(3)]
         for b, seq in enumerate(seqs):
-            same_math(out.logits[b], target(torch.tensor([seq + block[b].tolist()]))[0, -3:])
+            same_math(out.logits[b], forward_rows(target, torch.tensor([seq + block[b].tolist()])).logits[0, -3:])
             seq += block[b, :keep[b]].tolist()
         cache.length = cache.length + torch.tensor(keep)
     assert [len(s) for s in seqs] == cache.length.tolist() and written(cache) > 4 * cache.ring
@@ -332,7 +333,7 @@ def test_static_steps_on_a_small_ring(models) -> None:  # noqa: ANN001
     cache.length = torch.tensor([0])  # the next run holds nothing of it: a prefill from position 0
     result = speculative_one(st, sd, PROMPT, NEW, DraftLength(4), cache=cache)
     assert result.tokens == expected and cache.frontier > 4 * cache.ring
-    assert any(r.accepted < len(r.drafted) for r in result.stats.rounds)
+    assert any(r.matched < len(r.drafted) for r in result.stats.rounds)
 
 
 # ---------------------------------------------------------------- transformers
@@ -352,7 +353,7 @@ def test_logits_match_transformers_through_the_ring(float64_e2b) -> None:  # noq
 # ---------------------------------------------------------------- what the design prevents
 
 
-def shortened(cache: KVCache, by: int) -> KVCache:
+def shortened(cache: RingCache, by: int) -> RingCache:
     """The same cache with a ring `by` slots shorter, before anything is written."""
     assert bool((cache.slot_positions == EMPTY).all())
     cache.ring -= by
@@ -367,7 +368,7 @@ def test_a_ring_one_slot_short_loses_a_key(float64_e2b) -> None:  # noqa: ANN001
     slot fewer than a reader needs gives logits far off the reference (float64, a prefill in chunks of the slack,
     then a verify of `slack` rows that keeps only its first)."""
     target, drafter, _ = float64_e2b
-    one_pass = target(torch.tensor([PROMPT]))[0]
+    one_pass = forward_rows(target, torch.tensor([PROMPT])).logits[0]
     depth = target.config.num_layers
     for by in (0, 1):  # the target needs W + slack - 1 slots
         same_math(chunked_logits(target, PROMPT, SLACK, shortened(ring(target, len(PROMPT)), by)), one_pass)
@@ -377,16 +378,16 @@ def test_a_ring_one_slot_short_loses_a_key(float64_e2b) -> None:  # noqa: ANN001
     wide.config = dataclasses.replace(drafter.config, text=dataclasses.replace(drafter.config.text, sliding_window=W))
     n = len(PROMPT) + SLACK
 
-    def drafter_logits(cache: KVCache) -> torch.Tensor:
+    def drafter_logits(cache: RingCache) -> torch.Tensor:
         """The drafter's logits at t = P + 1 after a verify of slack rows at P that kept only its first."""
         chunked_logits(target, PROMPT, SLACK, cache)
         verify = ids(SLACK, 9)
-        out = target.run(torch.tensor([verify]), cache, torch.tensor([len(PROMPT)]))  # stale slots up to t + slack - 2
+        out = forward_rows(target, torch.tensor([verify]), cache, torch.tensor([len(PROMPT)]))  # stale slots up to t + slack - 2
         t = len(PROMPT) + 1
         cache.length = torch.tensor([t])
-        kv = target_kv(cache, target, t)
-        inputs = wide.layer_inputs(torch.tensor([[t]]), kv, torch.float64)
-        hn, _ = wide.step(target.embed(torch.tensor([[verify[1]]])), out.hidden[:, :1], inputs, kv)
+        kv = ring_kv(cache, target, t)
+        inputs = drafter_inputs(wide, torch.tensor([[t]]), kv, torch.float64)
+        hn, _ = wide.step(target.embed(torch.tensor([[verify[1]]])), out.hidden[:, :1], inputs, pairs(kv))
         return draft_logits(wide, hn[:, 0])[0]
 
     expected = drafter_logits(unbounded(target, n))
@@ -401,19 +402,19 @@ def test_a_rollback_past_the_ring(float64_e2b) -> None:  # noqa: ANN001
     forward; one further back is refused by `holds`, and run anyway (bypassing `holds`) it reads slots the ring has
     given to later positions: far off."""
     target, _, _ = float64_e2b
-    one_pass = target(torch.tensor([PROMPT]))[0]
+    one_pass = forward_rows(target, torch.tensor([PROMPT])).logits[0]
     cache = growing(target, len(PROMPT))
     chunked_logits(target, PROMPT, SLACK, cache)
     back = len(PROMPT) - SLACK  # 35: the newest write reached 39 < 35 + 5
     assert cache.holds(back) and not cache.holds(back - 1)
     cache.length = torch.tensor([back])
-    same_math(target.run(torch.tensor([PROMPT[back:]]), cache, cache.length).logits[0], one_pass[back:])
+    same_math(forward_rows(target, torch.tensor([PROMPT[back:]]), cache, cache.length).logits[0], one_pass[back:])
 
     cache.length = torch.tensor([len(PROMPT)])
     far = 20  # the ring (13) has wrapped past it: slots of 20..26 now hold 33..39
     assert not cache.holds(far)
     cache.length = torch.tensor([far])  # trust the reused slots
-    far_off(target.run(torch.tensor([PROMPT[far:far + SLACK]]), cache, cache.length).logits[0],
+    far_off(forward_rows(target, torch.tensor([PROMPT[far:far + SLACK]]), cache, cache.length).logits[0],
             one_pass[far:far + SLACK], target.config.num_layers)
 
 

@@ -26,6 +26,7 @@ from mtp import (
     speculative_generate,
     speculative_generate_batch,
 )
+from gemma4.engine.forward import forward_rows
 
 SPLIT = ("q_proj.weight", "o_proj.weight", "gate_proj.weight", "down_proj.weight", "q_proj.weight_packed",
          "o_proj.weight_packed", "down_proj.weight_scale")
@@ -78,7 +79,7 @@ def run(job: dict, shard: Shard | None) -> dict:
                          if name.startswith("layers.0.") and name.endswith(SPLIT)}
         elif what == "logits":
             with torch.no_grad():
-                out[what] = target(torch.tensor([prompts[0]]))[0, -1].double().tolist()
+                out[what] = forward_rows(target, torch.tensor([prompts[0]])).logits[0, -1].double().tolist()
         else:
             raise ValueError(f"unknown run {what!r}")
     return out

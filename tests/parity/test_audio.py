@@ -40,7 +40,7 @@ from gemma4.audio.features import frames, log_mel
 from gemma4.audio.loading import Audio, load_audio
 from gemma4.audio.prompt import PromptAudio
 from gemma4.audio.prompt import expand as expand_audio
-from gemma4.media import Media, Span, joined
+from gemma4.engine.media import Media, Span, joined
 from gemma4.tokenizer import Gemma4Tokenizer
 from gemma4.vision.loading import Vision, load_vision
 from gemma4.vision.processor import process
@@ -53,6 +53,7 @@ from tests.tokenizer_fixture import write_tokenizer
 from tests.tolerance import assert_fp32_parity
 from gemma4.engine import generate_one
 from mtp.engine import speculative_one
+from gemma4.engine.forward import forward_rows
 
 NEW = 16
 
@@ -186,7 +187,7 @@ def test_audio_prompt_logits_match_transformers(case, tokenizer_file: Path) -> N
         ids, images, audio_media, audio, vision = prompt(name, path, dtype, tokenizer_file)
         media = joined(images, audio_media)
         ours = load_target(path, dtype=dtype, fast=False)
-        mine = ours.run(torch.tensor([ids]), soft=media.soft([0], len(ids), torch.device("cpu"))).logits[0]
+        mine = forward_rows(ours, torch.tensor([ids]), soft=media.soft([0], len(ids), torch.device("cpu"))).logits[0]
         tf = tf_target(path, dtype=dtype)
         x = torch.tensor([ids])
         extra = tf_media(name, ids, audio, vision, "ours")
@@ -213,7 +214,7 @@ def test_a_clip_seen_both_ways_is_far_from_transformers(shape: str, tmp_path: Pa
     theirs = tf_target(path, dtype=torch.float64)(input_ids=x, **extra).logits[0]
     ours = load_target(path, dtype=torch.float64, fast=False)
     for media, far in ((audio_media, False), (both, True)):
-        mine = ours.run(x, soft=media.soft([0], len(ids), torch.device("cpu"))).logits[0]
+        mine = forward_rows(ours, x, soft=media.soft([0], len(ids), torch.device("cpu"))).logits[0]
         error = float((mine - theirs).abs().max())
         assert error > 1e-2 if far else error < 1e-9 * float(theirs.abs().max())
 

@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemma4 import ConfigError, KVCache, load_target
-from gemma4.cache import KV
+from gemma4 import ConfigError, RingCache, load_target
+from gemma4.engine.ring import KV
 from mtp import DraftLength, check_pair, load_drafter, speculative_generate
 from mtp.loading import drafter_config_from_dict
-from mtp.drafter import target_kv
 from tests.checkpoints import SHAPES, write_assistant, write_target
 from tests.pairs import prompt
 from tests.tf_oracle import tf_assisted_greedy, tf_assistant, tf_draft, tf_drafter_step, tf_target, tf_target_outputs
 from tests.tolerance import assert_fp32_parity
 from mtp.sample_drafting import draft_logits
+from gemma4.engine.forward import forward_rows
+from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 CASES = [(shape, ordered) for shape in SHAPES for ordered in (True, False)]
 
@@ -50,10 +51,10 @@ def drafter_vs_tf64(files: tuple[Path, Path]):  # noqa: ANN201
 
 def our_state(target, ids: list[int]):  # noqa: ANN001, ANN201
     """Prefill like the loop does: the committed token at position P, h[P-1], K/V of 0..P-1."""
-    cache = KVCache(target.config, len(ids) + 1)
-    out = target.run(torch.tensor([ids]), cache)
+    cache = RingCache(target.config, len(ids) + 1)
+    out = forward_rows(target, torch.tensor([ids]), cache)
     cache.length = torch.tensor([len(ids)])
-    return int(out.logits[0, -1].argmax()), out.hidden[0, -1], target_kv(cache, target, len(ids))
+    return int(out.logits[0, -1].argmax()), out.hidden[0, -1], ring_kv(cache, target, len(ids))
 
 
 def one_step(target, drafter, tf_t, tf_a, ids: list[int], token: int):  # noqa: ANN001, ANN201
@@ -61,8 +62,8 @@ def one_step(target, drafter, tf_t, tf_a, ids: list[int], token: int):  # noqa: 
     head logits, dense head logits, next hidden), our greedy token, and transformers' DrafterStep."""
     state, t = tf_target_outputs(tf_t, ids), len(ids)
     kv = {kind: KV(k[:, :, :t], v[:, :, :t], torch.arange(t)[None]) for kind, (k, v) in state.kv.items()}  # 0..t-1
-    inputs = drafter.layer_inputs(torch.tensor([[t]]), kv, state.hidden.dtype)
-    hn, next_hidden = drafter.step(target.embed(torch.tensor([[token]])), state.hidden[None, -1:], inputs, kv)
+    inputs = drafter_inputs(drafter, torch.tensor([[t]]), kv, state.hidden.dtype)
+    hn, next_hidden = drafter.step(target.embed(torch.tensor([[token]])), state.hidden[None, -1:], inputs, pairs(kv))
     hn = hn[:, 0]  # (1, D)
     ours = (draft_logits(drafter, hn)[0], hn[0] @ drafter.model.embed_tokens.weight.T, next_hidden[0, 0])  # (V,), (V,), (E,)
     return ours, int(drafter.greedy_token(hn)), tf_drafter_step(tf_a, tf_t, state, token, t)
@@ -90,7 +91,7 @@ def test_a_whole_round_matches_transformers(drafter_vs_tf) -> None:  # noqa: ANN
     target, drafter, tf_t, tf_a = drafter_vs_tf
     ids = prompt(19, 11)
     token, hidden, kv = our_state(target, ids)
-    ours = drafter.propose(target, [token], hidden[None], [len(ids)], kv, 6)[0][0].tolist()
+    ours = propose_rows(drafter, target, [token], hidden[None], [len(ids)], kv, 6)[0][0].tolist()
     theirs = [s.token for s in tf_draft(tf_a, tf_t, tf_target_outputs(tf_t, ids), token, len(ids), 6)]
     assert ours == theirs
 
@@ -113,7 +114,7 @@ def test_centroid_greedy_needs_no_full_vocabulary(drafter_vs_tf) -> None:  # noq
     hn = torch.randn(64, drafter.config.text.hidden_size, generator=torch.Generator().manual_seed(0))
     assert torch.equal(drafter.greedy_token(hn), draft_logits(drafter, hn).argmax(-1))
     # An exact tie between two candidates goes to the lower id, as argmax over the full vector does.
-    ids, scores = drafter.masked_embedding.candidates(hn[:1], head)
+    ids, scores = drafter.masked_embedding.scored_tokens(hn[:1], head)
     best = int(ids[0, scores[0].argmax()])
     other = int(ids[0, scores[0].argsort()[-2]])
     tied_head = head.clone()

@@ -27,6 +27,7 @@ from tests.tf_oracle import tf_greedy, tf_target
 from tests.tolerance import assert_fp32_parity
 from gemma4.engine import generate_one
 from mtp.engine import speculative_one
+from gemma4.engine.forward import forward_rows
 
 FAMILIES = {"e2b": None, "moe": None, "dense": True, "12b": None}  # shape -> both_ways (None: TF's default)
 
@@ -58,7 +59,7 @@ def logits(path: Path, dtype: torch.dtype, causal_only: bool = False) -> tuple[t
     soft = images.soft([0], len(ids), torch.device("cpu"))
     if causal_only:
         soft = soft._replace(both_ways=None)
-    mine = ours.run(torch.tensor([ids]), soft=soft).logits[0]
+    mine = forward_rows(ours, torch.tensor([ids]), soft=soft).logits[0]
     tf = tf_target(path, dtype=dtype)
     x = torch.tensor([ids])
     mm = (x == vision.tokens.soft).long()

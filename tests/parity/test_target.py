@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from gemma4 import Gemma4Model, KVCache, greedy_generate, load_target, reference_greedy
+from gemma4 import Gemma4Model, RingCache, greedy_generate, load_target, reference_greedy
 from gemma4.tokenizer import stop_ids
+from gemma4.engine.forward import forward_rows
 from tests.checkpoints import SHAPES, STOP_IDS, write_target
 from tests.pairs import prompt
 from tests.tf_oracle import tf_cached_step_logits, tf_greedy, tf_logits, tf_target
@@ -45,17 +46,17 @@ def test_full_prompt_logits(target_vs_tf, target_vs_tf64) -> None:  # noqa: ANN0
     for seed, length in ((0, 5), (1, 23), (2, 40)):  # shorter and longer than the window
         ids = prompt(length, seed)
         x = torch.tensor([ids])
-        assert_fp32_parity("target full prompt", f"{shape}, {length} tokens", ours(x)[0], tf_logits(theirs, ids),
-                           ours64(x)[0], tf_logits(theirs64, ids), ours.config.num_layers)
+        assert_fp32_parity("target full prompt", f"{shape}, {length} tokens", forward_rows(ours, x).logits[0], tf_logits(theirs, ids),
+                           forward_rows(ours64, x).logits[0], tf_logits(theirs64, ids), ours.config.num_layers)
 
 
 def cached_step_logits(model: Gemma4Model, ids: list[int], n_prompt: int) -> torch.Tensor:
     """Our tf_cached_step_logits: prefill ids[:n_prompt], then one token per forward -> (1 + len - n_prompt, V)."""
-    cache = KVCache(model.config, len(ids), dtype=next(model.parameters()).dtype)
-    rows = [model.run(torch.tensor([ids[:n_prompt]]), cache, num_logits=1).logits[0, -1]]
+    cache = RingCache(model.config, len(ids), dtype=next(model.parameters()).dtype)
+    rows = [forward_rows(model, torch.tensor([ids[:n_prompt]]), cache, num_logits=1).logits[0, -1]]
     cache.length = torch.tensor([n_prompt])
     for token in ids[n_prompt:]:
-        rows.append(model.run(torch.tensor([[token]]), cache, cache.length).logits[0, -1])
+        rows.append(forward_rows(model, torch.tensor([[token]]), cache, cache.length).logits[0, -1])
         cache.length = cache.length + 1
     return torch.stack(rows)
 
@@ -78,11 +79,11 @@ def test_multi_token_chunks_match_one_prefill(shape: str, tmp_path: Path) -> Non
     """
     ours = load_target(write_target(tmp_path, shape), dtype=torch.float64)
     ids = prompt(33, 4)
-    full = ours(torch.tensor([ids]))[0]
-    cache = KVCache(ours.config, len(ids), dtype=torch.float64)
+    full = forward_rows(ours, torch.tensor([ids])).logits[0]
+    cache = RingCache(ours.config, len(ids), dtype=torch.float64)
     chunks, start, rows = (9, 5, 1, 12, 6), 0, []
     for n in chunks:
-        rows.append(ours.run(torch.tensor([ids[start:start + n]]), cache, torch.tensor([start])).logits[0])
+        rows.append(forward_rows(ours, torch.tensor([ids[start:start + n]]), cache, torch.tensor([start])).logits[0])
         start += n
         cache.length = torch.tensor([start])
     torch.testing.assert_close(torch.cat(rows), full, atol=1e-9, rtol=0)
@@ -115,7 +116,7 @@ def test_bf16_runs_and_mostly_agrees(tmp_path: Path) -> None:
     path = write_target(tmp_path, "e2b", dtype=torch.bfloat16)
     fp32, bf16 = load_target(path), load_target(path, dtype=torch.bfloat16)
     ids = torch.tensor([prompt(24, 8)])
-    a, b = fp32(ids)[0], bf16(ids)[0].float()
+    a, b = forward_rows(fp32, ids).logits[0], forward_rows(bf16, ids).logits[0].float()
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8  # 0.96 measured; a wrong model gives ~0
     assert float((a - b).abs().mean()) < 0.15 * float(a.abs().mean())  # 0.08 of the scale measured
 
@@ -124,7 +125,7 @@ def test_a_bfloat16_heads_logits_are_capped_in_float32(tmp_path: Path) -> None:
     """The head's bfloat16 output is cast once, then capped in float32: capping in bfloat16 would round distinct
     outputs to one value, ties that an argmax breaks by id (decode and verify alike, but not by the model)."""
     model = load_target(write_target(tmp_path, "e2b", dtype=torch.bfloat16), dtype=torch.bfloat16)
-    out = model.run(torch.tensor([prompt(24, 8)]))
+    out = forward_rows(model, torch.tensor([prompt(24, 8)]))
     raw = model.head(out.hidden, model.embed_tokens.weight)  # (1, T, V) bfloat16
     cap = model.config.final_logit_softcapping
     assert out.logits.dtype == torch.float32 and torch.equal(out.logits, torch.tanh(raw.float() / cap) * cap)

@@ -36,7 +36,7 @@ from transformers.video_processing_utils import BaseVideoProcessor
 from transformers.video_utils import VideoMetadata
 
 from gemma4 import load_target
-from gemma4.media import Media
+from gemma4.engine.media import Media
 from gemma4.tokenizer import Gemma4Tokenizer
 from gemma4.vision.loading import load_vision
 from gemma4.vision.video import (Frames, VideoConfig, VideoError, frame_files, frame_pixels, place_media, read_video,
@@ -48,6 +48,7 @@ from tests.tokenizer_fixture import write_tokenizer
 from tests.tolerance import assert_fp32_parity
 from gemma4.engine import generate_one
 from mtp.engine import speculative_one
+from gemma4.engine.forward import forward_rows
 
 
 def class_constants(module_file: str, name: str) -> dict[str, object]:
@@ -220,7 +221,7 @@ def logits(path: Path, frames: Path, dtype: torch.dtype, tokenizer: Gemma4Tokeni
         lo, hi = torch.zeros(1, len(ids), dtype=torch.long), torch.zeros(1, len(ids), dtype=torch.long)
         lo[0, first:last], hi[0, first:last] = first, last
         soft = soft._replace(both_ways=(lo, hi))
-    mine = load_target(path, dtype=dtype, fast=False).run(torch.tensor([ids]), soft=soft).logits[0]
+    mine = forward_rows(load_target(path, dtype=dtype, fast=False), torch.tensor([ids]), soft=soft).logits[0]
     tf = tf_target(path, dtype=dtype)
     x = torch.tensor([ids])
     mm = 2 * (x == MEDIA_IDS["video_token_id"]).long()  # transformers' mm_token_type_ids: 2 on video ids

@@ -1,4 +1,4 @@
-"""The KV cache by itself (gemma4/cache.py), on the E2B-like config (sliding window 8): `claim` once per forward,
+"""The KV cache by itself (gemma4/engine/ring.py), on the E2B-like config (sliding window 8): `claim` once per forward,
 `write` per layer, `read` what a reader attends to. Full layers keep every position, sliding layers a ring of
 W + slack slots, each slot knowing the position it holds; the conversation's growing cache (mtp/extras/growing.py)
 grows full layers by doubling up to the capacity and sliding layers the same way up to the ring. Rolling back and rewriting, rows at different positions and `keep`, slot positions after the
@@ -9,11 +9,11 @@ models on this cache: tests/equivalence/test_window.py.
 import pytest
 import torch
 
-from gemma4.cache import EMPTY, KVCache
+from gemma4.engine.ring import EMPTY, RingCache
 from gemma4.extras.memory import cache_bytes
 from gemma4.config import FULL, SLIDING
 from gemma4.config_file import text_config_from_dict
-from gemma4.rows import keep
+from gemma4.engine.rows import keep
 from mtp.extras.growing import GrowingCache
 from tests.checkpoints import SHAPES, target_text_config
 
@@ -43,7 +43,7 @@ def at(n: int) -> torch.Tensor:
     return torch.tensor([n])
 
 
-def forward(cache: KVCache, start: int | torch.Tensor, t: int, seed: int) -> dict[int, tuple]:
+def forward(cache: RingCache, start: int | torch.Tensor, t: int, seed: int) -> dict[int, tuple]:
     """What one model forward does to the cache: claim once, write every layer; returns layer -> (k, v, views)."""
     slots = cache.claim(at(start) if isinstance(start, int) else start, t)
     b = cache.keys[0].shape[0]
@@ -57,7 +57,7 @@ def forward(cache: KVCache, start: int | torch.Tensor, t: int, seed: int) -> dic
 def test_grows_by_doubling_to_capacity_and_to_the_ring() -> None:
     """A cache that starts empty holds what a preallocated one holds after every write; full layers double up to the
     capacity, sliding layers up to their ring; a forward past the capacity or past the slack is refused."""
-    grown, full = growing(40, slack=8), KVCache(C, 40, slack=8)
+    grown, full = growing(40, slack=8), RingCache(C, 40, slack=8)
     assert grown.ring == full.ring == W + 8 and grown.keys[FULL_LAYER].shape[2] == grown.keys[SLIDING_LAYER].shape[2] == 0
     sizes = []
     for start, t in [(0, 5), (5, 1), (6, 4), (10, 1), (11, 8), (19, 8), (27, 8), (35, 5)]:  # prefill chunks, steps
@@ -84,7 +84,7 @@ def test_rollback_then_rewrite() -> None:
     """Lowering the length and writing again: the new K/V replace the stale ones, the older ones stay, in a full
     layer and in a sliding layer's ring after it wrapped (the stale slots past the length keep their positions,
     which the mask hides)."""
-    cache = KVCache(C, 64, slack=8)
+    cache = RingCache(C, 64, slack=8)
     first = forward(cache, 0, 6, 1)
     cache.length = at(3)  # roll back: positions 3..5 are stale
     again = forward(cache, 3, 2, 2)
@@ -110,7 +110,7 @@ def test_rollback_then_rewrite() -> None:
 def test_batch_rows_at_different_positions_and_keep() -> None:
     """Rows write at their own positions (a (B,) start) in one claim; each row's ring slots record its own
     positions; `keep` drops and reorders rows, slot positions and lengths with them."""
-    cache = KVCache(C, 32, batch=3, slack=4)  # ring 12
+    cache = RingCache(C, 32, batch=3, slack=4)  # ring 12
     cache.length = torch.tensor([0, 0, 0])
     first = forward(cache, cache.length, 4, 3)
     cache.length = torch.tensor([4, 2, 3])  # rows at different positions
@@ -142,7 +142,7 @@ def test_slot_positions_after_a_wrap(chunks: tuple[int, ...], grows: bool) -> No
     """After positions 0..n-1 are written (any chunking), slot s holds the newest p < n with p = s mod ring, and a
     slot never written is EMPTY; a sliding read returns the slots in use with those positions, a full read 0..n-1;
     the growing cache's frontier is n."""
-    cache = growing(64, slack=7) if grows else KVCache(C, 64, slack=7)  # ring 15
+    cache = growing(64, slack=7) if grows else RingCache(C, 64, slack=7)  # ring 15
     start = 0
     for n in chunks:
         written = forward(cache, start, n, start)
@@ -186,7 +186,7 @@ def test_cache_bytes_is_what_a_full_cache_allocates(shape: str) -> None:
     c = config(shape)
     for positions, slack, batch, dtype in [(5, 4, 1, torch.float32), (40, 4, 2, torch.bfloat16),
                                            (40, 64, 1, torch.float16), (200, 512, 3, torch.float32)]:
-        cache = KVCache(c, positions, batch=batch, dtype=dtype, slack=slack)
+        cache = RingCache(c, positions, batch=batch, dtype=dtype, slack=slack)
         allocated = sum(b[i].nbytes for b in (cache.keys, cache.values) for i in cache.keys)
         assert cache_bytes(c, positions, slack, batch, dtype) == allocated, (positions, slack)
     # slack >= positions: every layer keeps every position

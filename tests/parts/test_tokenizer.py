@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gemma4.rows import PromptError
+from gemma4.engine.rows import PromptError
 from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, Message, stop_ids, strip_thought
 from tests.tokenizer_fixture import SPECIALS, write_tokenizer
 

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from gemma4 import CheckpointError, ConfigError, load_target
 from gemma4.weights import target_weight_table
 from mtp import load_drafter
+from gemma4.engine.forward import forward_rows
 from tests.checkpoints import write_target
 
 PREFIX = "model.language_model."
@@ -50,7 +51,7 @@ def test_bf16_file_loads_in_both_dtypes(tmp_path: Path, e2b: Path) -> None:
     w32, w16 = as_fp32.layers[0].mlp.up_proj.weight, as_bf16.layers[0].mlp.up_proj.weight
     assert torch.equal(w32, w16.float())  # the same file, only the dtype differs
     assert torch.equal(w16, reference.layers[0].mlp.up_proj.weight.bfloat16())  # the fp32 model rounded
-    logits = as_bf16(torch.tensor([[2, 10, 20, 30]]))
+    logits = forward_rows(as_bf16, torch.tensor([[2, 10, 20, 30]])).logits
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()  # a bfloat16 head is capped in float32
 
 
@@ -196,7 +197,7 @@ def test_the_loaders_show_their_long_loops_to_a_progress_wrapper() -> None:
     assert seen[0][1] == len(target_weight_table(watched.config))  # every tensor of the name table
     plain = load_target(demo / "target")
     ids = torch.tensor([[2, 5, 9, 11]])
-    torch.testing.assert_close(watched(ids), plain(ids), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(forward_rows(watched, ids).logits, forward_rows(plain, ids).logits, rtol=1e-5, atol=1e-5)
     seen.clear()
     load_drafter(demo / "assistant", progress=watch)
     assert [what for what, _, _ in seen] == ["reading tensors"]

@@ -21,19 +21,20 @@ import pytest
 import torch
 
 import generate  # scripts/generate.py (pyproject.toml puts scripts/ on pytest's path)
-from gemma4 import Gemma4Tokenizer, KVCache, SamplerConfig, greedy_generate, load_target, sample_generate
+from gemma4 import Gemma4Tokenizer, RingCache, SamplerConfig, greedy_generate, load_target, sample_generate
 from gemma4.config import FULL
 from gemma4.fast import make_fast, products
 from gemma4.fast.kernels import ONEDNN
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.weights import file_reader
 from mtp import Conversation, DraftLength, load_drafter, speculative_generate
-from mtp.drafter import target_kv
 from tests.checkpoints import SHAPES, STOP_IDS
 from tests.pairs import prompt
 from tests.tokenizer_fixture import write_tokenizer
 from gemma4.engine import generate_one
 from mtp.engine import speculative_one
+from gemma4.engine.forward import forward_rows
+from mtp.engine.drafts import ring_kv
 
 N = 20  # new tokens: the long prompt (21) and these cross the target's window (8) and the drafter's (6)
 SAMPLER = SamplerConfig(temperature=0.9, top_k=40, seed=5)
@@ -171,9 +172,9 @@ def test_what_a_static_target_refuses(models) -> None:  # noqa: ANN001
     target, drafter = models["e2b", "echo"]
     st, _, _ = static(target, drafter)
     with pytest.raises(ValueError, match="StaticKVCache"):
-        st.run(torch.tensor([[2, 5]]), KVCache(target.config, 8))
+        forward_rows(st, torch.tensor([[2, 5]]), RingCache(target.config, 8))
     with pytest.raises(ValueError, match="one row"):
-        st.run(torch.tensor([[2], [5]]), StaticKVCache(target.config, 8))
+        forward_rows(st, torch.tensor([[2], [5]]), StaticKVCache(target.config, 8))
 
 
 def step_arguments(st: StaticTarget, cache: StaticKVCache, t: int) -> tuple:
@@ -208,7 +209,7 @@ def test_steps_have_no_graph_break(make_pair, shape: str, kernel: str) -> None: 
             assert explained.graph_break_count == 0, explained.break_reasons
             assert explained.graph_count == 1
         token, hidden = torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, target.config.hidden_size)
-        explained = torch._dynamo.explain(sd.forward)(st, token, hidden, torch.tensor([3]), target_kv(cache, st, 3))
+        explained = torch._dynamo.explain(sd.forward)(st, token, hidden, torch.tensor([3]), ring_kv(cache, st, 3))
         assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from bench.syncs import METHODS, SAMPLED, host_reads, per_step
+from gemma4.engine.forward import forward_rows
 from gemma4.fast.sampling import WHOLE_ROWS
-from gemma4.sampling import TOKEN_STREAM, sample
+from gemma4.engine.sampling import TOKEN_STREAM, sample
 from gemma4.engine import decode
 from mtp import DraftLength, speculative_generate_batch
 from tests.pairs import DRAFTERS, prompt
@@ -60,7 +61,7 @@ def test_sampling_reads_once_and_picks_nothing_out_as_on_a_gpu(models, monkeypat
         sample(torch.randn(2, 64, generator=torch.Generator().manual_seed(0)), SAMPLED, TOKEN_STREAM, [5, 6])
     assert picked.syncing_ops["aten::nonzero"] >= 2 and picked.total == 1  # the CPU's rule picks ids out: seen
     target, assistant = models["e2b", "echo"]
-    monkeypatch.setattr(target, "sampling", WHOLE_ROWS)  # the drafter draws with it too; the session's rule comes back
+    monkeypatch.setattr(target, "sampling", WHOLE_ROWS, raising=False)  # the drafter draws with it too; taken off after
     counts = per_step(target, assistant, prompt("long"), 10, k=4, profile=True)  # the profiler is slow: few tokens
     reads, ops = counts["host_reads"], counts["syncing_ops"]
     # A sampled token is read once (plain), and a sampled round reads no more than a greedy one: the drafts, then
@@ -78,7 +79,7 @@ def test_a_batch_round_reads_as_one_row_and_its_clocks_run_after_the_read(models
     from next() to observe(): a clock read before the device finished would time the launch). Sampled (the target's
     rule `WHOLE_ROWS`): one read a row."""
     target, assistant = models["e2b", "echo"]
-    monkeypatch.setattr(target, "sampling", WHOLE_ROWS)
+    monkeypatch.setattr(target, "sampling", WHOLE_ROWS, raising=False)
     prompts = [prompt("long", seed=s) for s in (1, 2, 3)]
     events: list[tuple[str, int]] = []
     with host_reads() as reads:
@@ -86,8 +87,11 @@ def test_a_batch_round_reads_as_one_row_and_its_clocks_run_after_the_read(models
             events.append(("clock", reads.total))
             return float(len(events))
 
-        run = target.run
-        monkeypatch.setattr(target, "run", lambda *a, **kw: (events.append(("verify", reads.total)), run(*a, **kw))[1])
+        def spy(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            events.append(("verify", reads.total))
+            return forward_rows(*a, **kw)
+        monkeypatch.setattr("gemma4.engine.rows.forward_rows", spy)  # the prefill
+        monkeypatch.setattr("mtp.engine.rows.forward_rows", spy)  # the verifies
         results = speculative_generate_batch(target, assistant, prompts, 12, DraftLength(2, "auto", clock=clock),
                                              samplers=[SAMPLED] * 3 if sampled else None)
     verifies = [i for i, (kind, _) in enumerate(events) if kind == "verify"][1:]  # the first run is the prefill

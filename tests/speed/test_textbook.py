@@ -23,10 +23,19 @@ KERNEL_WORDS = ("mkldnn", "onednn", "gemma4.fast", "_linear_pointwise", "packing
 # Speed tricks that change what a reader sees: a hook bypass, operator counting, a branch on the device type.
 SPEED_WORDS = ("__call__ = forward", "aten", "device.type", "non_blocking")
 # What must not run for README's block: the engine, loaders, media, the speed layer, the other schedules.
-OFF_THE_PATH = ("gemma4/fast/", "gemma4/engine.py", "gemma4/rows.py", "gemma4/media.py", "gemma4/vision/",
+OFF_THE_PATH = ("gemma4/fast/", "gemma4/engine/", "gemma4/vision/", "gemma4/parallel/",
                 "gemma4/audio/", "gemma4/weights.py", "gemma4/tokenizer.py", "gemma4/config_file.py",
-                "mtp/engine.py", "mtp/batch.py", "mtp/extras/", "mtp/heuristic.py", "mtp/auto_schedule.py",
+                "mtp/engine/", "mtp/extras/", "mtp/heuristic.py", "mtp/auto_schedule.py",
                 "mtp/loading.py")
+# The engine's own names: none is an identifier in the path's code.
+ENGINE_IDENTIFIERS = {"slack", "slot_positions", "claim", "Slots", "EMPTY", "soft", "both_ways", "media",
+                      "non_blocking", "start_pos", "RingCache"}
+# The textbook's primitives: one row, so no parameter for rows, media, or a ring's slack.
+PRIMITIVES = ("gemma4.model.Gemma4Model.forward", "gemma4.cache.KVCache.__init__", "gemma4.cache.KVCache.write",
+              "mtp.drafter.Drafter.propose", "gemma4.sampling.sample", "gemma4.generate.sample_generate",
+              "mtp.speculative.speculative_rounds")
+ROW_PARAMETERS = ("batch", "rows", "start_pos", "soft", "media", "images", "audio", "slack", "positions",
+                  "samplers", "prefill_chunk")
 # What the one-row loops know nothing of.
 ENGINE_WORDS = ("batch", "pad", "media", "images", "audio", "chunk", "perf_counter", "device")
 POSITION_NAMES = ("start", "length", "position", "key_positions", "end")
@@ -56,6 +65,25 @@ def test_the_path_as_run_is_small_narrow_and_holds_no_kernel_code() -> None:
     assert found, "README.md no longer states the path's size"
     assert float(found.group(1)) == round(sum(tokens for _, _, tokens in path.values()) / 1000, 1)
     assert "python -m tests.textbook_path" in readme
+
+
+def test_the_textbook_primitives_are_one_row() -> None:
+    """Structure, not words: the primitives under the textbook loop take no batch, media or slack argument, and no
+    name of the engine's is an identifier in the code of the path as it runs."""
+    import importlib
+    for dotted in PRIMITIVES:
+        parts = dotted.split(".")
+        obj = importlib.import_module(".".join(parts[:2]))
+        for name in parts[2:]:
+            obj = getattr(obj, name)
+        params = set(inspect.signature(obj).parameters)
+        assert not params & set(ROW_PARAMETERS), (dotted, params & set(ROW_PARAMETERS))
+    for name in measure():
+        tree = ast.parse((REPO / name).read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+            {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
+            {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
+        assert not names & ENGINE_IDENTIFIERS, (name, names & ENGINE_IDENTIFIERS)
 
 
 def test_the_textbook_loop_is_one_short_row() -> None:
@@ -97,7 +125,8 @@ def test_no_process_wide_switch() -> None:
 
 
 def test_the_model_files_import_no_speed_layer_and_gemma4_no_mtp() -> None:
-    for name in ("model.py", "norms.py", "moe.py", "cache.py", "rows.py", "generate.py", "engine.py", "media.py"):
+    for name in ("model.py", "norms.py", "moe.py", "cache.py", "generate.py", "sampling.py", "engine/rows.py",
+                 "engine/decode.py", "engine/media.py", "engine/forward.py", "engine/ring.py"):
         tree = ast.parse((REPO / "gemma4" / name).read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not any(m and m.startswith(("gemma4.fast", "mtp")) for m in imported), name

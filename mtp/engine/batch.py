@@ -1,12 +1,12 @@
 """Many prompts through the speculative engine with settings given once for all rows or one per row: the engine
-itself runs any number of rows (mtp/engine.py `speculative_rows`, mtp/README.md §12)."""
+itself runs any number of rows (mtp/engine/rows.py `speculative_rows`, mtp/README.md §12)."""
 
 import copy
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gemma4.engine import requests
-from gemma4.media import joined
+from gemma4.engine.media import joined
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.drafter import Drafter
@@ -15,7 +15,7 @@ from mtp.schedule import DraftLength
 from mtp.stats import SpecResult
 
 if TYPE_CHECKING:
-    from gemma4.media import Media
+    from gemma4.engine.media import Media
 
 
 def speculative_generate_batch(

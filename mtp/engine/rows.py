@@ -15,19 +15,23 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gemma4.cache import KVCache
-from gemma4.media import joined
+from gemma4.engine.ring import RingCache
+from gemma4.engine.media import joined
 from gemma4.model import Gemma4Model
-from gemma4.rows import PAD, Request, check_rows, choose, finish_reason, keep, new_cache, prefill
+from gemma4.engine.rows import PAD, Request, check_rows, choose, finish_reason, keep, new_cache, prefill
 from gemma4.sampling import SamplerConfig
-from mtp.accept import accept, agree, cut_at_stop
-from mtp.drafter import Drafter, target_kv
+from gemma4.engine.forward import forward_rows
+from gemma4.engine.sampling import rule_of
+from mtp.accept import agree, cut_at_stop
+from mtp.drafter import Drafter
+from mtp.engine.accept import accept_by_rule
+from mtp.engine.drafts import propose_rows, ring_kv
 from mtp.schedule import DraftLength
 from mtp.speculative import check_sampling
 from mtp.stats import Round, SpecResult, SpecStats
 
 if TYPE_CHECKING:
-    from gemma4.media import Media
+    from gemma4.engine.media import Media
 
 OnRound = Callable[[int, Round], None]
 
@@ -35,14 +39,14 @@ OnRound = Callable[[int, Round], None]
 @torch.inference_mode()
 def speculative_rows(
     target: Gemma4Model, drafter: Drafter, rows: Sequence[Request], schedules: Sequence[DraftLength],
-    drafting: str = "argmax", on_round: OnRound | None = None, cache: KVCache | None = None,
+    drafting: str = "argmax", on_round: OnRound | None = None, cache: RingCache | None = None,
     prefill_chunk: int | None = None, media: "Media | None" = None,
 ) -> list[SpecResult]:
     """Every request with its own budget, stop ids, sampler and schedule (`schedules[b]`), all in each forward.
     `cache`: one row's, holding its first cache.length ids; `prefill_chunk`, `media`: see `prefill`."""
     check_rows(target, rows, media)
     samplers = [check_sampling(r.sampler, drafting) for r in rows]
-    context, rule = target.config.max_position_embeddings, target.sampling
+    context, rule = target.config.max_position_embeddings, rule_of(target)
     if cache is None:
         # Several rows: room for a verify's pads past a row's last position.
         cache = new_cache(target, rows, prefill_chunk, media, verify=True)
@@ -81,13 +85,13 @@ def speculative_rows(
         drafts, q = [[] for _ in going], None
         if k:
             row_samplers = [samplers[b] for b in going] if drafting == "sample" else None  # None: the argmax
-            drafted, q = drafter.propose(target, [seqs[b][-1] for b in going], hidden, newest,
-                                         target_kv(cache, target, max(newest)), k, row_samplers)  # (B, k)
+            drafted, q = propose_rows(drafter, target, [seqs[b][-1] for b in going], hidden, newest,
+                                      ring_kv(cache, target, max(newest)), k, row_samplers)  # (B, k)
             drafts = [d[:n] for d, n in zip(drafted.tolist(), ks)]
 
         # 3. Verify [seq_b[newest_b], d_1..d_K_b] at positions newest_b.., all rows in one target forward.
         ids = torch.tensor([seqs[b][-1:] + d + [PAD] * (k - len(d)) for b, d in zip(going, drafts)])  # (B, k+1)
-        out = target.run(ids, cache, start_pos=cache.length)  # logits (B, k+1, V)
+        out = forward_rows(target, ids, cache, start_pos=cache.length)  # logits (B, k+1, V)
 
         # 4. Accept each row's prefix. The greedy rows' argmaxes come in one read of the device, before any
         #    schedule reads its clock; a row's pads are not read.
@@ -97,7 +101,7 @@ def speculative_rows(
             if samplers[b] is None:
                 targets = agree(d, greedy[i])
             else:
-                targets = accept(rule, d, out.logits[i, :len(d) + 1], samplers[b], newest[i],
+                targets = accept_by_rule(rule, d, out.logits[i, :len(d) + 1], samplers[b], newest[i],
                                  None if q is None else q[i, :len(d)])
             a = len(targets) - 1
             schedules[b].observe(len(d), a)
@@ -128,7 +132,7 @@ def report(b: int, round: Round, stats: list[SpecStats], on_round: OnRound | Non
 def speculative_one(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int, draft_length: DraftLength,
     stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None, drafting: str = "argmax",
-    on_round: Callable[[Round], None] | None = None, cache: KVCache | None = None,
+    on_round: Callable[[Round], None] | None = None, cache: RingCache | None = None,
     prefill_chunk: int | None = None, images: "Media | None" = None, audio: "Media | None" = None,
 ) -> SpecResult:
     """One prompt through the engine: the result of mtp.speculative's `speculative_generate`, with `on_round(round)`

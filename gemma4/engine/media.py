@@ -23,7 +23,7 @@ import torch
 
 
 class Soft(NamedTuple):
-    """One forward's soft embeddings (§19), as `Gemma4Model.run` takes them: plain tensors."""
+    """One forward's soft embeddings (§19), as `forward_rows` (gemma4/engine/forward.py) takes them: plain tensors."""
     where: torch.Tensor  # (B, T) bool: the positions whose embedding a vector replaces
     vectors: torch.Tensor  # (n, E): those vectors, in row-major order of `where`
     both_ways: tuple[torch.Tensor, torch.Tensor] | None  # (lo, hi) (B, T) for `attention_mask`; None: causal

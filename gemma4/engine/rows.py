@@ -1,4 +1,4 @@
-"""What both engine loops do with their rows (plain decoding, gemma4/engine.py; speculative, mtp/engine.py): a
+"""What both engine loops do with their rows (plain decoding, gemma4/engine/decode.py; speculative, mtp/engine/rows.py): a
 `Request` per prompt, checked; one cache for them all; step 0, the prefill; and how a row's token is chosen.
 
 Many prompts (mtp/README.md §12): every row keeps its own positions from 0 (`cache.length` and `start_pos` are (B,),
@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from gemma4.cache import PREFILL_CHUNK, KVCache, ring_slack
+from gemma4.engine.ring import PREFILL_CHUNK, RingCache, ring_slack
 from gemma4.generate import PromptError, check_prompt, finished  # noqa: F401 (PromptError: importable here)
 from gemma4.model import Gemma4Model
+from gemma4.engine.forward import forward_rows
+from gemma4.engine.sampling import rule_of
 from gemma4.sampling import TOKEN_STREAM, SamplerConfig
 
 if TYPE_CHECKING:  # soft embeddings in the prompts: `prefill` asks them what to replace
-    from gemma4.media import Media
+    from gemma4.engine.media import Media
 
 PAD = 0  # <pad>: any id would do, a pad's K/V lands in stale slots only
 
@@ -43,7 +45,7 @@ def check_rows(model: Gemma4Model, rows: Sequence[Request], media: "Media | None
 
 
 def new_cache(model: Gemma4Model, rows: Sequence[Request], chunk: int | None, media: "Media | None" = None,
-              verify: bool = False) -> KVCache:
+              verify: bool = False) -> RingCache:
     """A cache for every row's prompt + budget (within the context), its sliding layers' slack fitting the prefill
     chunks (a chunk holds a whole both-ways span where `media` has one). `verify`, several rows: room for a verify's
     pads past a row's last position, at most the slack (K + 1 rows) and the budget."""
@@ -51,10 +53,10 @@ def new_cache(model: Gemma4Model, rows: Sequence[Request], chunk: int | None, me
     longest = max(min(len(r.prompt) + r.max_new_tokens, context) for r in rows)
     slack = ring_slack(max(PREFILL_CHUNK if chunk is None else chunk, media.longest if media else 0))
     pads = min(max(r.max_new_tokens for r in rows), slack) if verify and len(rows) > 1 else 0
-    return KVCache(model.config, longest + pads, batch=len(rows), dtype=w.dtype, device=w.device, slack=slack)
+    return RingCache(model.config, longest + pads, batch=len(rows), dtype=w.dtype, device=w.device, slack=slack)
 
 
-def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], chunk: int | None = None,
+def prefill(model: Gemma4Model, cache: RingCache, prompts: Sequence[list[int]], chunk: int | None = None,
             media: "Media | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 0: write every row's prompt K/V; return each row's logits (B, V) and post-norm hidden (B, E) at its
     last prompt position, and leave `cache.length` at the prompts' lengths.
@@ -64,7 +66,7 @@ def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], ch
     (PREFILL_CHUNK, at most the cache's slack), all rows in each forward, right-padded; each chunk reads the K/V
     the earlier ones wrote, so a prefill's extra memory grows with the prompt only through the full layers' cache. A
     row whose prompt is done re-runs its last token (the same K/V) rather than writing pads past its length: the
-    rings stay exact (gemma4/README.md §15). `media`: the prompts' soft embeddings (gemma4/media.py), which say
+    rings stay exact (gemma4/README.md §15). `media`: the prompts' soft embeddings (gemma4/engine/media.py), which say
     where a chunk may end and what each forward replaces."""
     chunk = PREFILL_CHUNK if chunk is None else chunk
     if chunk < 1:
@@ -80,7 +82,7 @@ def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], ch
         ids = torch.tensor([p[s:s + t] + [PAD] * (t - len(p[s:s + t])) for p, s in zip(prompts, starts)])  # (B, T)
         cache.length = torch.tensor(starts)  # positions 0..s_b-1 hold row b's prompt
         soft = None if media is None else media.soft(starts, t, cache.slot_positions.device)
-        out = model.run(ids, cache, start_pos=cache.length, num_logits=0, soft=soft)  # host ids
+        out = forward_rows(model, ids, cache, start_pos=cache.length, num_logits=0, soft=soft)  # host ids
         first += t
     cache.length = torch.tensor(lengths)  # the pads are stale
     ends = torch.tensor([n - 1 - s for n, s in zip(lengths, starts)], device=out.hidden.device)  # (B,) in the chunk
@@ -88,7 +90,7 @@ def prefill(model: Gemma4Model, cache: KVCache, prompts: Sequence[list[int]], ch
     return model.logits(last), last  # (B, V), (B, E)
 
 
-def keep(cache: KVCache, kept: list[int]) -> None:
+def keep(cache: RingCache, kept: list[int]) -> None:
     """Keep only these batch rows of the cache, in this order: finished rows leave (a copy per finish, not
     per step)."""
     index = torch.tensor(kept, device=cache.slot_positions.device)
@@ -114,6 +116,6 @@ def choose(model: Gemma4Model, logits: torch.Tensor, samplers: Sequence[SamplerC
     sampler (all such rows in one read of the device), else its keyed sample by the model's rule. Plain decoding's
     tokens and every loop's first (verifies: mtp/accept.py)."""
     greedy = logits.argmax(dim=-1).tolist() if None in samplers else None  # (B,)
-    return [greedy[i] if s is None else model.sampling.sample(logits[i:i + 1], s, TOKEN_STREAM, [n])[0]
+    return [greedy[i] if s is None else rule_of(model).sample(logits[i:i + 1], s, TOKEN_STREAM, [n])[0]
             for i, (s, n) in enumerate(zip(samplers, positions))]
 

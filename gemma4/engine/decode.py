@@ -2,7 +2,7 @@
 loop (gemma4/generate.py) leaves out: a streaming callback, a held cache prefix, chunked prefill, media.
 
 Every row chooses its tokens as the textbook loop would at its own positions, so its tokens are that loop's on the
-same prompt (the tests hold them equal). The rows, their cache and their prefill: gemma4/rows.py. A row that
+same prompt (the tests hold them equal). The rows, their cache and their prefill: gemma4/engine/rows.py. A row that
 chooses a stop id or spends its budget leaves the batch (`keep`).
 
 Shape legend: B rows still running, V vocab."""
@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from gemma4.cache import KVCache
-from gemma4.media import joined
+from gemma4.engine.ring import RingCache
+from gemma4.engine.forward import forward_rows
+from gemma4.engine.media import joined
 from gemma4.model import Gemma4Model
-from gemma4.rows import Request, check_rows, choose, finish_reason, keep, new_cache, prefill
+from gemma4.engine.rows import Request, check_rows, choose, finish_reason, keep, new_cache, prefill
 from gemma4.sampling import SamplerConfig
 
 if TYPE_CHECKING:
-    from gemma4.media import Media
+    from gemma4.engine.media import Media
 
 
 class Generated(NamedTuple):
@@ -30,7 +31,7 @@ class Generated(NamedTuple):
 @torch.inference_mode()
 def decode_rows(
     model: Gemma4Model, rows: Sequence[Request], on_token: Callable[[int, int], None] | None = None,
-    cache: KVCache | None = None, prefill_chunk: int | None = None, media: "Media | None" = None,
+    cache: RingCache | None = None, prefill_chunk: int | None = None, media: "Media | None" = None,
 ) -> list[Generated]:
     """The plain cached loop: prefill, then one forward per token for every row still running. Row b's new
     tokens, ending with its first stop id (kept) or after its budget, and why they ended. `on_token(b, token)` sees
@@ -60,14 +61,14 @@ def decode_rows(
             keep(cache, still)
             going = [going[i] for i in still]
         ids = torch.tensor([seqs[b][-1:] for b in going])  # (B, 1) from the host
-        logits = model.run(ids, cache, start_pos=cache.length).logits[:, -1]  # (B, V)
+        logits = forward_rows(model, ids, cache, start_pos=cache.length).logits[:, -1]  # (B, V)
         cache.length = cache.length + 1
 
 
 def decode(
     model: Gemma4Model, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
     samplers: Sequence[SamplerConfig | None] | None = None, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
-    on_token: Callable[[int, int], None] | None = None, cache: KVCache | None = None,
+    on_token: Callable[[int, int], None] | None = None, cache: RingCache | None = None,
     prefill_chunk: int | None = None, images: "Media | None" = None, audio: "Media | None" = None,
 ) -> list[Generated]:
     """`decode_rows` with budgets, samplers and stop ids given once for all rows or one per row."""
@@ -89,7 +90,7 @@ def requests(prompts: Sequence[list[int]], budgets: int | Sequence[int],
 
 def generate_one(
     model: Gemma4Model, prompt: list[int], max_new_tokens: int, sampler: SamplerConfig | None = None,
-    stop_ids: Sequence[int] = (), on_token: Callable[[int], None] | None = None, cache: KVCache | None = None,
+    stop_ids: Sequence[int] = (), on_token: Callable[[int], None] | None = None, cache: RingCache | None = None,
     prefill_chunk: int | None = None, images: "Media | None" = None, audio: "Media | None" = None,
 ) -> list[int]:
     """One prompt through the engine: the tokens of gemma4.generate's `sample_generate`, with `on_token(token)`
