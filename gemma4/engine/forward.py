@@ -12,6 +12,7 @@ adds:
 
 Shape legend: B rows, T new tokens, S key positions, E hidden, V vocab, L layers, P PLE width."""
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -45,8 +46,7 @@ def forward_rows(model: Gemma4Model, input_ids: Tensor, cache: RingCache | None 
         return model.forward_rows(input_ids, cache, start_pos, num_logits, soft)
     c = model.config
     b, t = input_ids.shape
-    media_ids = torch.tensor(c.media_token_ids, dtype=torch.long, device=input_ids.device)
-    input_ids = input_ids.masked_fill(torch.isin(input_ids, media_ids), 0)  # (B, T)
+    input_ids = as_pads(input_ids, c.media_token_ids)  # (B, T)
     x = model.embed(input_ids.to(model.embed_tokens.weight.device))  # (B, T, E)
     tok = model.per_layer_rows(input_ids, x) if c.ple_dim else None  # (B, T, L*P)
     if soft is not None:
@@ -72,6 +72,18 @@ def forward_rows(model: Gemma4Model, input_ids: Tensor, cache: RingCache | None 
     shown = t if num_logits is None else num_logits
     kv = {kind: KV(k, v, key_positions[kind]) for kind, (k, v) in source_kv.items()}
     return RowsOutput(model.logits(hidden[:, t - shown:]), hidden, kv)
+
+
+@lru_cache
+def media_id_tensor(media_token_ids: tuple[int, ...]) -> Tensor:
+    """(M,) the media ids on the host, made once per config, not per forward."""
+    return torch.tensor(media_token_ids, dtype=torch.long)
+
+
+def as_pads(input_ids: Tensor, media_token_ids: tuple[int, ...]) -> Tensor:
+    """input_ids (B, T) with every media id replaced by the pad token (id 0), as transformers embeds them."""
+    media = torch.isin(input_ids, media_id_tensor(media_token_ids).to(input_ids.device))  # (B, T)
+    return input_ids.masked_fill(media, 0)
 
 
 def both_ways(window: int, positions: Tensor, key_positions: Tensor,

@@ -45,7 +45,7 @@ from gemma4.model import (
     Gemma4Model, LayerInputs, additive_mask, attention_mask, embed_scale, rope_cos_sin, rope_frequencies,
 )
 from gemma4.moe import Experts
-from gemma4.engine.forward import RowsOutput
+from gemma4.engine.forward import RowsOutput, as_pads
 from gemma4.engine.sampling import Sampling, rule_of
 from gemma4.sampling import SamplerConfig
 
@@ -272,8 +272,7 @@ class StaticTarget:
             raise ValueError("a static target runs one row of text")
         t, start_pos = input_ids.shape[1], 0 if start_pos is None else int(start_pos[0])
         cache.check(start_pos, t)
-        media_ids = torch.tensor(c.media_token_ids, dtype=torch.long)
-        input_ids = input_ids.masked_fill(torch.isin(input_ids, media_ids), 0)  # as forward_rows
+        input_ids = as_pads(input_ids, c.media_token_ids)  # as forward_rows
         rows = self.model.per_layer_rows(input_ids, self.embed_tokens.weight) if c.ple_dim else None  # host lookup
         args = (*self.upload(input_ids, start_pos), rows, cache)
         if num_logits is None and t in self.compiled_rows:
