@@ -5,7 +5,8 @@ from importlib import import_module
 
 WHERE = {name: module for module, names in {
     "drafter": "Drafter DrafterConfig", "extras.conversation": "ContextFull Conversation Reply",
-    "loading": "check_pair load_drafter", "schedule": "SCHEDULES DraftLength", "stats": "Round SpecResult SpecStats",
+    "loading": "check_pair load_drafter", "draft_length": "SCHEDULES DraftLength", "schedule": "Constant Schedule",
+    "stats": "Round SpecResult SpecStats",
     "speculative": "speculative_generate speculative_rounds", "engine.rows": "speculative_one speculative_rows",
     "engine.batch": "speculative_generate_batch",
 }.items() for name in names.split()}

@@ -78,7 +78,7 @@ built. `estimates()` builds its table only when asked, for the statistics at the
 import time
 from collections.abc import Callable, Sequence
 
-from mtp.schedule import DraftLength, check_initial, check_name, check_room, check_round
+from mtp.schedule import Schedule, check_initial, check_room, check_round
 
 WEIGHT = 0.1  # EWMA weight of one observation (α_j and seconds)
 ALPHA_PRIOR = 0.5  # α_j before any test of draft j
@@ -88,18 +88,17 @@ PROBE_SHARE = 0.01  # and the probes cost at most this share of the plain steps 
 MAX_K = 8
 
 
-class Auto(DraftLength):
+class Auto(Schedule):
     """K in 0..max_k by the closed form and the estimates above. `costs` (seconds of a verify of n rows),
     `draft_cost` (seconds of one draft step) and `acceptance` (α_1..α_max_k) fix what they name; `clock` (seconds,
     time.perf_counter unless given) times the rounds."""
 
     schedule = "auto"
 
-    def __init__(self, initial: int, schedule: str | None = None, max_k: int = MAX_K,
+    def __init__(self, initial: int, max_k: int = MAX_K,
                  costs: Callable[[int], float] | None = None, draft_cost: float | None = None,
                  acceptance: Sequence[float] | None = None, probe_every: int = PROBE_EVERY,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        check_name(self, schedule)
         check_initial(initial)
         if max_k < 1:
             raise ValueError(f"max_k (the most drafts per round) must be at least 1, got {max_k}")
@@ -139,26 +138,26 @@ class Auto(DraftLength):
         self.started = self.clock() if self.timed() else None  # last: the round starts when K is known
         return k
 
-    def observe(self, k: int, accepted: int) -> None:
-        """The round since the last next(): k drafts, `accepted` kept, its seconds off the clock."""
+    def observe(self, k: int, matched: int) -> None:
+        """The round since the last next(): k drafts, the first `matched` matched, its seconds off the clock."""
         now = self.clock() if self.started is not None else None  # first: the round ends when its outcome is in
-        check_round(k, accepted)
+        check_round(k, matched)
         if k > self.max_k:
             raise ValueError(f"k={k} is above max_k={self.max_k}")
         if self.acceptance is None:
-            for j in range(min(accepted + 1, k)):  # drafts 1..a kept, draft a+1 (if any) rejected
+            for j in range(min(matched + 1, k)):  # drafts 1..a kept, draft a+1 (if any) rejected
                 self.tested[j] += 1
                 # The mean of the prior and the first observations, then the running mean: a new estimate
                 # moves at once, a settled one by WEIGHT.
                 weight = max(WEIGHT, 1.0 / (self.tested[j] + 1))
-                self.alpha[j] += weight * (float(j < accepted) - self.alpha[j])
-            if accepted and not self.kept_any:
+                self.alpha[j] += weight * (float(j < matched) - self.alpha[j])
+            if matched and not self.kept_any:
                 self.kept_any = self.initial_due = True
         if now is not None:
             self.learn(k, max(0.0, now - self.started))
         self.started = None  # a round is timed once
         if self.probing:
-            self.probe_again = accepted == k  # the text may have turned easy: probe again next round
+            self.probe_again = matched == k  # the text may have turned easy: probe again next round
 
     def choose(self, room: int) -> int:
         """K for this round: the opening, the `initial` round, the estimates' choice or a probe (docstring)."""

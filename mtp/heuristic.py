@@ -11,10 +11,10 @@ class Heuristic(Constant):
 
     schedule = "heuristic"
 
-    def observe(self, k: int, accepted: int) -> None:
-        super().observe(k, accepted)
+    def observe(self, k: int, matched: int) -> None:
+        super().observe(k, matched)
         if k > 0:  # a K = 0 round (no room) says nothing about the drafter
-            self.k = self.k + 2 if accepted == k else max(1, self.k - 1)
+            self.k = self.k + 2 if matched == k else max(1, self.k - 1)
 
 
 class HeuristicTransient(Heuristic):

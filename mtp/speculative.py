@@ -32,7 +32,7 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig, sampling_or_greedy
 from mtp.accept import accept, cut_at_stop
 from mtp.drafter import Drafter, target_kv
-from mtp.schedule import Constant, DraftLength
+from mtp.schedule import Constant, Schedule
 from mtp.stats import Round, SpecResult, result_of
 
 DRAFTING = ("argmax", "sample")
@@ -41,7 +41,7 @@ DRAFTING = ("argmax", "sample")
 @torch.inference_mode()
 def speculative_rounds(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
-    draft_length: DraftLength | int, stop_ids: Sequence[int] = (),
+    draft_length: Schedule | int, stop_ids: Sequence[int] = (),
     sampler: SamplerConfig | None = None, drafting: str = "argmax",
 ) -> Iterator[Round]:
     """Every round of one run, as it commits: the prefill first, then one per verify. Greedy with
@@ -101,7 +101,7 @@ def speculative_rounds(
 
 def speculative_generate(
     target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int,
-    draft_length: DraftLength | int, stop_ids: Sequence[int] = (),
+    draft_length: Schedule | int, stop_ids: Sequence[int] = (),
     sampler: SamplerConfig | None = None, drafting: str = "argmax",
 ) -> SpecResult:
     """The new tokens of `speculative_rounds`, their statistics and why the run ended."""

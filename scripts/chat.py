@@ -61,7 +61,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from gemma4.vision.loading import Vision, load_vision
     from gemma4.vision.prompt import ImageError
     from mtp import ContextFull, Conversation, Reply
-    from mtp.schedule import DraftLength
+    from mtp.schedule import Schedule
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message
@@ -112,7 +112,7 @@ class Lines:
 
 # ---------------------------------------------------------------- output
 
-def reply_json(reply: Reply, clock: RoundClock, draft_length: DraftLength | None = None,
+def reply_json(reply: Reply, clock: RoundClock, draft_length: Schedule | None = None,
                eager_rounds: int | None = None) -> dict:
     """One turn for --json (`clock`: the turn's on_commit). An interrupted turn has no statistics (the loop did not
     finish them)."""
@@ -123,7 +123,7 @@ def reply_json(reply: Reply, clock: RoundClock, draft_length: DraftLength | None
             "tokens": reply.tokens, "text": reply.text, "finish_reason": reply.finish_reason, "stats": stats}
 
 
-def reply_report(reply: Reply, clock: RoundClock, temperature: float, draft_length: DraftLength | None = None,
+def reply_report(reply: Reply, clock: RoundClock, temperature: float, draft_length: Schedule | None = None,
                  eager_rounds: int | None = None) -> str:
     """What /stats prints: the cache's part in the turn, then generate.py's statistics block (`clock`: the turn's
     on_commit)."""

@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from cli.startup import quiet_interrupt
@@ -40,7 +41,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.stream import Stream, text_sinks
     from cli.trace import Trace, each, observed, piece
     from gemma4.engine import decode, generate_one
-    from gemma4.generate import sample_generate
+    from gemma4.generate import budget_of, sample_generate
     from gemma4.engine.rows import check_prompt
     from gemma4.tokenizer import BOS_ID, THINK_ID
     from mtp.engine import speculative_one
@@ -107,6 +108,14 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
                "it shows the drafts itself: drop --show-drafts" if flags.show_drafts else
                "it shows the rounds of one speculative run: give one prompt, or drop it" if batch else
                "--no-assistant runs no rounds to show: drop one of the two")
+    if trace and (kinds or flags.compile or flags.prefill_chunk is not None):
+        # --trace shows the textbook loop on the textbook's modules (it implies --reference): one text prompt,
+        # prefilled in one forward, eagerly.
+        flag = kinds[0] if kinds else "--compile" if flags.compile else "--prefill-chunk"
+        refuse("--trace", f"it follows the textbook loop, which runs one text prompt eagerly in one prefill, and "
+                          f"{flag} needs the engine: drop one of the two")
+    if trace:
+        flags = replace(flags, reference=True)
     if flags.compile and batch:
         raise UsageError("--compile runs one prompt (its steps are static-shape graphs of one row): give one prompt, "
                          "or drop --compile for a batch")
@@ -224,7 +233,10 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     warm_up(target.model, assistant, room)
     stream = Stream(target.tokenizer, sinks)
     clock = RoundClock(stream.commit)  # each round's seconds, for the statistics
-    observers = [clock.round] + ([Trace(piece(target.tokenizer), say)] if trace else [])
+    observers: list = [clock.round]
+    if trace:
+        observers.append(Trace(piece(target.tokenizer), say, budget_of(target.model, prompt_ids, max_new_tokens),
+                               stops, target.model.config, drafter.config.text.sliding_window))
     # --reference on a text prompt: the textbook loop itself (mtp/speculative.py); with media or prefill
     # chunks, the engine on the textbook's modules.
     textbook = flags.reference and pictures is None and flags.prefill_chunk is None
@@ -368,8 +380,10 @@ def parser() -> Parser:
                    help="also run plain decoding (sampling: the same seed): identical? how much faster? "
                         "With several prompts: each prompt alone, one after another, against the batch")
     p.add_argument("--trace", action="store_true",
-                   help="print every round's numbered steps on stderr as they happen: the drafts, the target's "
-                        "choice at each verify row, how many were kept, the token it adds, what is left stale")
+                   help="run the textbook loop on the textbook's modules (implies --reference) and print every "
+                        "round's steps 0-7 on stderr as they happen: the budget and K, the drafts and what the "
+                        "drafter read, the target's choice at each verify row, what is kept, committed and left "
+                        "stale, the next hidden's row, and why the run goes on or stops")
     p.add_argument("--json", dest="json_output", action="store_true",
                    help="print one JSON object on stdout and nothing else; stderr stays quiet")
     return p

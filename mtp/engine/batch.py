@@ -11,7 +11,7 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from mtp.drafter import Drafter
 from mtp.engine import speculative_rows
-from mtp.schedule import DraftLength
+from mtp.schedule import Schedule
 from mtp.stats import SpecResult
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def speculative_generate_batch(
     target: Gemma4Model, drafter: Drafter, prompts: Sequence[list[int]], max_new_tokens: int | Sequence[int],
-    draft_length: DraftLength, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
+    draft_length: Schedule, stop_ids: Sequence[int] | Sequence[Sequence[int]] = (),
     samplers: Sequence[SamplerConfig] | None = None, drafting: str = "argmax", prefill_chunk: int | None = None,
     images: "Media | None" = None, on_commit: Callable[[int, list[int], list[bool]], None] | None = None,
     audio: "Media | None" = None,

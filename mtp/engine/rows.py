@@ -26,7 +26,7 @@ from mtp.accept import agree, cut_at_stop
 from mtp.drafter import Drafter
 from mtp.engine.accept import accept_by_rule
 from mtp.engine.drafts import propose_rows, ring_kv
-from mtp.schedule import DraftLength
+from mtp.schedule import Schedule
 from mtp.speculative import check_sampling
 from mtp.stats import Round, SpecResult, SpecStats
 
@@ -38,7 +38,7 @@ OnRound = Callable[[int, Round], None]
 
 @torch.inference_mode()
 def speculative_rows(
-    target: Gemma4Model, drafter: Drafter, rows: Sequence[Request], schedules: Sequence[DraftLength],
+    target: Gemma4Model, drafter: Drafter, rows: Sequence[Request], schedules: Sequence[Schedule],
     drafting: str = "argmax", on_round: OnRound | None = None, cache: RingCache | None = None,
     prefill_chunk: int | None = None, media: "Media | None" = None,
 ) -> list[SpecResult]:
@@ -130,7 +130,7 @@ def report(b: int, round: Round, stats: list[SpecStats], on_round: OnRound | Non
 
 
 def speculative_one(
-    target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int, draft_length: DraftLength,
+    target: Gemma4Model, drafter: Drafter, prompt: list[int], max_new_tokens: int, draft_length: Schedule,
     stop_ids: Sequence[int] = (), sampler: SamplerConfig | None = None, drafting: str = "argmax",
     on_round: Callable[[Round], None] | None = None, cache: RingCache | None = None,
     prefill_chunk: int | None = None, images: "Media | None" = None, audio: "Media | None" = None,

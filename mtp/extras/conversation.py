@@ -49,7 +49,8 @@ from gemma4.vision.prompt import ImageError, PromptImages
 from gemma4.vision.prompt import expand as expand_images
 from mtp.drafter import Drafter
 from mtp.extras.growing import GrowingCache
-from mtp.schedule import DraftLength
+from mtp.draft_length import DraftLength
+from mtp.schedule import Schedule
 from mtp.speculative import check_sampling
 from mtp.stats import SpecStats
 from mtp.engine import speculative_one
@@ -176,7 +177,7 @@ class Conversation:
 
     def say(
         self, user_text: str, max_new_tokens: int = 256, sampler: SamplerConfig = GREEDY,
-        draft_length: DraftLength | None = None, drafting: str = "argmax",
+        draft_length: Schedule | None = None, drafting: str = "argmax",
         stop_ids: Sequence[int] | None = None, ignore_eos: bool = False, on_commit: OnCommit | None = None,
         images: Sequence[torch.Tensor] = (), audio: Sequence[torch.Tensor] = (),
     ) -> Reply:

@@ -28,7 +28,7 @@ from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
 from mtp import Drafter
-from mtp.schedule import DraftLength
+from mtp.schedule import Schedule
 from mtp.engine.batch import speculative_generate_batch
 from gemma4.engine import generate_one
 from mtp.engine import speculative_one
@@ -93,7 +93,7 @@ def split_prompts(texts: list[str] | None, ids: list[list[int]] | None, file: st
 
 
 def run_batch(
-    *, model: Gemma4Model, drafter: Drafter | None, draft_length: DraftLength | None, rows: list[list[int]],
+    *, model: Gemma4Model, drafter: Drafter | None, draft_length: Schedule | None, rows: list[list[int]],
     budgets: list[int], stops: list[int], sampler: SamplerConfig, drafting: str,
     tokenizer: Gemma4Tokenizer | None, json_output: bool, compare: bool,
     row_stats: Callable[..., dict], sampling_json: Callable[[int], dict], prefill_chunk: int | None = None,

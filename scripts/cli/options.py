@@ -48,7 +48,7 @@ from gemma4.vision.prompt import ImageError
 from gemma4.int4 import check_scheme
 from gemma4.parallel.plan import Shard
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
-from mtp import SCHEDULES, DraftLength, Drafter, check_pair, load_drafter
+from mtp import SCHEDULES, DraftLength, Drafter, Schedule, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
 from mtp.speculative import DRAFTING
 from gemma4.engine.forward import forward_rows
@@ -329,7 +329,7 @@ class Target:
 class Assistant:
     name: str
     drafter: Drafter
-    draft_length: DraftLength
+    draft_length: Schedule
     drafting: str
 
 
@@ -416,7 +416,7 @@ class Compiled:
     seconds: float  # the warm-up: every step compiled (and recorded, on CUDA) before the run
 
 
-def most_drafts(length: DraftLength) -> int:
+def most_drafts(length: Schedule) -> int:
     """The most drafts a round of this schedule asks for: `auto` chooses in 0..max_k; `heuristic` grows without
     bound, so it gets max(MAX_K, initial) and a round past that runs its step eagerly (`eager_rounds`)."""
     return length.max_k if length.schedule == "auto" else (
@@ -430,7 +430,7 @@ def draft_room(budget: int, prefill_chunk: int | None) -> int:
     return max(0, min(budget - 2, ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk) - 1))
 
 
-def cut_drafts_note(length: DraftLength | None, room: int, budget: int) -> str | None:
+def cut_drafts_note(length: Schedule | None, room: int, budget: int) -> str | None:
     """The note line for a schedule that asks for more drafts a round than the run can hold, else None."""
     if length is None or length.initial <= room:
         return None
@@ -438,7 +438,7 @@ def cut_drafts_note(length: DraftLength | None, room: int, budget: int) -> str |
     return f"note: {length.initial} drafts a round is cut to {room}: that is the most {why} holds"
 
 
-def verify_rows(length: DraftLength, room: int) -> tuple[int, ...]:
+def verify_rows(length: Schedule, room: int) -> tuple[int, ...]:
     """The row counts of every step a schedule may run within `room` drafts (`draft_room`): 1 (a decode, a K = 0
     round) and K + 1 for each K it may choose, the rounds the budget cuts short included."""
     return tuple(range(1, min(most_drafts(length), room) + 2))

@@ -3,11 +3,11 @@ of `--json` and the block of text on stderr (and chat's `/stats`)."""
 
 from cli.clock import RoundClock
 from mtp import SpecStats
-from mtp.schedule import DraftLength
+from mtp.schedule import Schedule
 
 
 def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
-               draft_length: DraftLength | None = None, eager_rounds: int | None = None,
+               draft_length: Schedule | None = None, eager_rounds: int | None = None,
                clock: RoundClock | None = None) -> dict:
     """The `stats` object; plain decoding runs one target forward per token and drafts nothing. With the
     schedule, what it learned (`auto`: its estimates of acceptance and of a round's seconds). `eager_rounds`

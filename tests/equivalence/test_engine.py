@@ -27,7 +27,7 @@ import torch
 from gemma4 import Gemma4Model, RingCache, SamplerConfig, greedy_generate, sample_generate
 from gemma4.engine import decode, generate_one
 from gemma4.engine.rows import Request, new_cache
-from mtp import Drafter, DraftLength, Round, SpecResult, speculative_generate, speculative_generate_batch
+from mtp import Drafter, DraftLength, Round, Schedule, SpecResult, speculative_generate, speculative_generate_batch
 from mtp.engine import speculative_one, speculative_rows
 from mtp.speculative import speculative_rounds
 from tests.checkpoints import SHAPES
@@ -49,7 +49,7 @@ def never() -> float:
 
 
 # name -> a fresh schedule. auto with both costs fixed follows the acceptance alone: the same on every machine.
-SCHEDULES: dict[str, Callable[[], DraftLength]] = {
+SCHEDULES: dict[str, Callable[[], Schedule]] = {
     "constant": lambda: DraftLength(K),
     "heuristic": lambda: DraftLength(2, "heuristic"),
     "heuristic_transient": lambda: DraftLength(2, "heuristic_transient"),

@@ -50,7 +50,7 @@ from gemma4 import SamplerConfig, load_target
 from gemma4.engine.sampling import (
     TOKEN_STREAM, ACCEPT_STREAM, candidates, keyed_choice, sample, warp,
 )
-from mtp import DraftLength, load_drafter, speculative_generate, speculative_one
+from mtp import DraftLength, Schedule, load_drafter, speculative_generate, speculative_one
 from tests.pairs import prompt
 from mtp.sample_drafting import draft_logits
 from mtp.sample_drafting import keyed_uniform
@@ -192,7 +192,7 @@ RULES = {  # name -> (drafting mode, the function replaced, its replacement); No
 }
 
 
-def draft_length(rule: str) -> DraftLength:
+def draft_length(rule: str) -> Schedule:
     """K drafts a round, or the auto schedule with fixed costs (a verify costs 1 + 0.2 per extra row, a draft
     step 0.3): K then follows the acceptance alone, so the run is the same on every machine."""
     if "auto" in rule:

@@ -16,7 +16,7 @@ import torch
 
 from gemma4 import Gemma4Model, greedy_generate, load_target, reference_greedy
 from gemma4.tokenizer import Gemma4Tokenizer
-from mtp import SCHEDULES, Drafter, DraftLength, load_drafter, speculative_generate
+from mtp import SCHEDULES, Drafter, DraftLength, Schedule, load_drafter, speculative_generate
 from tests.checkpoints import SHAPES
 from tests.measured import ACCEPTANCE  # printed by the terminal summary
 from tests.pairs import DRAFTERS, PROMPTS, plain, prompt  # the `models` fixture is in conftest.py
@@ -107,7 +107,7 @@ def test_budget_of_one_and_two(models) -> None:  # noqa: ANN001
 
 @torch.inference_mode()
 def reference_loop(
-    target: Gemma4Model, drafter: Drafter, prompt_ids: list[int], max_new: int, length: DraftLength,
+    target: Gemma4Model, drafter: Drafter, prompt_ids: list[int], max_new: int, length: Schedule,
 ) -> tuple[list[int], list[tuple[list[int], int]]]:
     """mtp/README.md §7 with no cache at all: every round recomputes the target over the committed sequence,
     hands the drafter the K/V of positions 0..t-1, and verifies by recomputing everything again."""

@@ -1,6 +1,8 @@
 """The textbook target (`fast=False`: gemma4/model.py's own modules) against transformers 5.22.2 on the same tiny
-files: full-prompt logits and step-by-step cached logits (float32, bound against a float64 run: tests/tolerance.py)
-and 64-token greedy decoding, for every shape (and the unified file with K=V, KV sharing and a double-wide MLP
+files: full-prompt logits and step-by-step cached logits (float32, bound against a float64 run: tests/tolerance.py),
+each through the textbook's one-row forward and full-length cache (`model(ids, start, cache)`, gemma4/cache.py)
+and through the engine's (`forward_rows` on a `RingCache`, whose sliding layers read their keys in ring order), and
+64-token greedy decoding, for every shape (and the unified file with K=V, KV sharing and a double-wide MLP
 set), with prompts longer than the sliding window (8). Plus our cached decoder against our cache-free reference
 decoder. The speed layer is held to these modules in tests/speed/test_fast.py."""
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from gemma4 import Gemma4Model, RingCache, greedy_generate, load_target, reference_greedy
+from gemma4 import Gemma4Model, KVCache, RingCache, greedy_generate, load_target, reference_greedy
 from gemma4.tokenizer import stop_ids
 from gemma4.engine.forward import forward_rows
 from tests.checkpoints import SHAPES, STOP_IDS, write_target
@@ -46,12 +48,27 @@ def test_full_prompt_logits(target_vs_tf, target_vs_tf64) -> None:  # noqa: ANN0
     for seed, length in ((0, 5), (1, 23), (2, 40)):  # shorter and longer than the window
         ids = prompt(length, seed)
         x = torch.tensor([ids])
-        assert_fp32_parity("target full prompt", f"{shape}, {length} tokens", forward_rows(ours, x).logits[0], tf_logits(theirs, ids),
-                           forward_rows(ours64, x).logits[0], tf_logits(theirs64, ids), ours.config.num_layers)
+        assert_fp32_parity("target full prompt", f"{shape}, {length} tokens", ours(ids).logits, tf_logits(theirs, ids),
+                           ours64(ids).logits, tf_logits(theirs64, ids), ours.config.num_layers)
+        assert_fp32_parity("engine full prompt", f"{shape}, {length} tokens", forward_rows(ours, x).logits[0],
+                           tf_logits(theirs, ids), forward_rows(ours64, x).logits[0], tf_logits(theirs64, ids),
+                           ours.config.num_layers)
 
 
 def cached_step_logits(model: Gemma4Model, ids: list[int], n_prompt: int) -> torch.Tensor:
-    """Our tf_cached_step_logits: prefill ids[:n_prompt], then one token per forward -> (1 + len - n_prompt, V)."""
+    """Our tf_cached_step_logits on the textbook's forward and cache: prefill ids[:n_prompt], then one token per
+    forward -> (1 + len - n_prompt, V)."""
+    cache = KVCache(model.config, len(ids), dtype=next(model.parameters()).dtype)
+    rows = [model(ids[:n_prompt], start=0, cache=cache, last=1).logits[-1]]
+    cache.length = n_prompt
+    for token in ids[n_prompt:]:
+        rows.append(model([token], start=cache.length, cache=cache).logits[-1])
+        cache.length += 1
+    return torch.stack(rows)
+
+
+def ring_step_logits(model: Gemma4Model, ids: list[int], n_prompt: int) -> torch.Tensor:
+    """cached_step_logits on the engine's forward and ring."""
     cache = RingCache(model.config, len(ids), dtype=next(model.parameters()).dtype)
     rows = [forward_rows(model, torch.tensor([ids[:n_prompt]]), cache, num_logits=1).logits[0, -1]]
     cache.length = torch.tensor([n_prompt])
@@ -65,9 +82,10 @@ def test_cached_step_logits(target_vs_tf, target_vs_tf64) -> None:  # noqa: ANN0
     shape, ours, theirs = target_vs_tf
     ours64, theirs64 = target_vs_tf64
     ids, n_prompt = prompt(30, 3), 11
-    assert_fp32_parity("target cached steps", shape, cached_step_logits(ours, ids, n_prompt),
-                       tf_cached_step_logits(theirs, ids, n_prompt), cached_step_logits(ours64, ids, n_prompt),
-                       tf_cached_step_logits(theirs64, ids, n_prompt), ours.config.num_layers)
+    theirs32, theirs64 = tf_cached_step_logits(theirs, ids, n_prompt), tf_cached_step_logits(theirs64, ids, n_prompt)
+    for name, steps in (("target cached steps", cached_step_logits), ("engine ring steps", ring_step_logits)):
+        assert_fp32_parity(name, shape, steps(ours, ids, n_prompt), theirs32, steps(ours64, ids, n_prompt), theirs64,
+                           ours.config.num_layers)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -18,7 +18,7 @@ models, and no wall clock (`auto` times its rounds on a clock each test moves by
   off a line for an unseen K; one fixed cost makes the other learned; fixed quantities are never updated (and
   with both costs fixed the clock is never read); the estimates carry across calls.
 - `constant`, `heuristic` and `heuristic_transient` give transformers' K sequences; `DraftLength(...)` is an
-  instance of DraftLength and of the named schedule's class; bad arguments raise ValueError.
+  instance of Schedule and of the named schedule's class; bad arguments raise ValueError.
 """
 
 import copy
@@ -29,7 +29,8 @@ import pytest
 
 from mtp.auto_schedule import ALPHA_PRIOR, PROBE_EVERY, PROBE_SHARE, WEIGHT, Auto
 from mtp.heuristic import Heuristic, HeuristicTransient
-from mtp.schedule import SCHEDULES, Constant, DraftLength
+from mtp.draft_length import SCHEDULES, DraftLength
+from mtp.schedule import Constant, Schedule
 
 
 def draft_s(k: int) -> float:
@@ -58,11 +59,11 @@ def never() -> float:
     raise AssertionError("the clock was read")
 
 
-def auto(initial: int, **options) -> DraftLength:  # noqa: ANN003 (DraftLength's own options)
+def auto(initial: int, **options) -> Schedule:  # noqa: ANN003 (Auto's own options)
     return DraftLength(initial, "auto", clock=Clock(), **options)
 
 
-def feed(d: DraftLength, k: int, accepted: int, seconds: float) -> None:
+def feed(d: Schedule, k: int, accepted: int, seconds: float) -> None:
     """A round of k drafts that took `seconds`, whatever next() chose: the tests of the estimates pick their k."""
     d.clock.now = 0.0
     d.next(k)
@@ -84,7 +85,7 @@ def closed_form(alpha: list[float], draft: float, costs, top: int) -> int:  # no
     return rates.index(max(rates))
 
 
-def fixed(alpha: list[float], draft: float, costs) -> DraftLength:  # noqa: ANN001
+def fixed(alpha: list[float], draft: float, costs) -> Schedule:  # noqa: ANN001
     return DraftLength(1, "auto", max_k=len(alpha), costs=costs, draft_cost=draft, acceptance=alpha)
 
 
@@ -132,19 +133,19 @@ def test_a_dear_verify_by_hand() -> None:
 
 
 # ---------------------------------------------------------------- learning online
-def run(d: DraftLength, rounds: int, keep: bool, room: int = 100) -> list[int]:
+def run(d: Schedule, rounds: int, keep: bool, room: int = 100) -> list[int]:
     """`rounds` rounds as the loop plays them, with the CPU-like round times above: every draft kept, or none."""
     ks = []
     for _ in range(rounds):
         d.clock.now = 0.0
         k = d.next(room)
         d.clock.now = round_s(k)
-        d.observe(k, accepted=k if keep else 0)
+        d.observe(k, matched=k if keep else 0)
         ks.append(k)
     return ks
 
 
-def probe_gap(d: DraftLength, probe_every: int = PROBE_EVERY) -> int:
+def probe_gap(d: Schedule, probe_every: int = PROBE_EVERY) -> int:
     """Rounds from a probe to the next at K = 0 (mtp/auto_schedule.py `probe_due`): at least probe_every, and enough
     that the probe's extra draft, Δ = time(1) - time(0), is at most PROBE_SHARE of their plain steps."""
     delta, plain = d.time(1) - d.time(0), d.time(0)
@@ -199,7 +200,7 @@ def test_the_road_to_plain_decoding_and_its_overhead(draft: float, slope: float,
         d.clock.now = 0.0
         k = d.next(100)
         d.clock.now = seconds(k)
-        d.observe(k, accepted=0)
+        d.observe(k, matched=0)
         ks.append(k)
     if not timed:
         assert d.estimates()["measured"] == []
@@ -236,7 +237,7 @@ def test_a_machine_that_changes_pace_changes_no_decision(pace: float) -> None:
         d.clock.now = 0.0
         k = d.next(100)
         d.clock.now = pace * round_s(k)
-        d.observe(k, accepted=0)
+        d.observe(k, matched=0)
         ks.append(k)
     # Within the EWMA's lag: a probe timed while time(0) still climbs to the new pace sees Δ a little off.
     assert (d.time(1) - d.time(0)) / d.time(0) == pytest.approx(0.4, rel=0.1)
@@ -282,7 +283,7 @@ def test_the_estimates_recover_when_drafts_are_kept_again(idle: int) -> None:
 
 def test_only_tested_drafts_update_alpha() -> None:
     d = auto(4)
-    d.observe(4, accepted=1)  # no next() before it: a round whose start is unknown, so nothing is timed
+    d.observe(4, matched=1)  # no next() before it: a round whose start is unknown, so nothing is timed
     # Draft 1 kept, draft 2 tested and rejected, drafts 3 and 4 never tested.
     # A first observation moves an estimate halfway (the mean of the prior and it); later ones by WEIGHT.
     assert d.alpha[:4] == [(ALPHA_PRIOR + 1) / 2, ALPHA_PRIOR / 2, ALPHA_PRIOR, ALPHA_PRIOR]
@@ -300,11 +301,11 @@ def test_a_round_lasts_from_next_to_observe() -> None:
     d.clock.now = 5.0
     k = d.next(100)
     d.clock.now = 5.7
-    d.observe(k, accepted=0)
+    d.observe(k, matched=0)
     d.clock.now = 100.0  # the loop's work after observe() (commit, streaming) is not the round's
     d.next(100)
     d.clock.now = 100.3
-    d.observe(0, accepted=0)
+    d.observe(0, matched=0)
     assert (k, d.rest_s) == (1, {1: pytest.approx(0.7), 0: pytest.approx(0.3)})
 
 
@@ -350,7 +351,7 @@ def test_fixed_quantities_are_not_updated() -> None:
     before = d.estimates()
     for k in (4, 0, 2):
         d.next(4)  # both costs fixed: the clock is never read
-        d.observe(k, accepted=k // 2)
+        d.observe(k, matched=k // 2)
     assert d.estimates() == before
     d = auto(1, max_k=4, acceptance=[0.7] * 4)  # acceptance fixed, round times learned
     feed(d, 2, 0, 1.0)
@@ -370,18 +371,18 @@ def test_estimates_and_probing_carry_across_calls() -> None:
 def test_probes_draft_one_more_when_there_is_room() -> None:
     # Flat verify, draft step 0.6 (both fixed: no clock): K = 1 pays iff (1 + α_1)/1.6 > 1, i.e. α_1 > 0.6.
     d = DraftLength(1, "auto", max_k=4, costs=lambda n: 1.0, draft_cost=0.6, probe_every=3, clock=never)
-    d.observe(1, accepted=0)  # α_1 = 0.25: K = 0 is best
+    d.observe(1, matched=0)  # α_1 = 0.25: K = 0 is best
     assert [d.next(0) for _ in range(6)] == [0] * 6  # no room: nothing to probe, and no round counted
     gap = probe_gap(d, 3)  # Δ = 0.6: 60 rounds' plain steps pay for a probe, not 3
     assert [d.next(1) for _ in range(2 * gap)] == ([0] * (gap - 1) + [1]) * 2
-    d.observe(1, accepted=1)  # the probe kept: the first kept draft
+    d.observe(1, matched=1)  # the probe kept: the first kept draft
     assert d.alpha[0] == pytest.approx(0.5) and d.best(4) == 0  # (0.5 + 0 + 1) / 3
     assert d.next(4) == 1 and not d.probing  # `initial` (1 here) drafts: its own round, not a probe
     assert d.next(4) == 1 and d.probing  # then the probe the kept one asked for
-    d.observe(1, accepted=1)  # kept again: α_1 = 0.625 > 0.6
+    d.observe(1, matched=1)  # kept again: α_1 = 0.625 > 0.6
     assert d.best(4) == 1 and d.next(4) == 2 and d.probing  # the estimates draft one; the kept probe asks one more
     d = DraftLength(1, "auto", max_k=2, costs=lambda n: 1.0, draft_cost=0.01, probe_every=2, clock=never)
-    d.observe(1, accepted=1)
+    d.observe(1, matched=1)
     assert d.next(2) == 1  # the first kept draft: a round of `initial`
     assert [d.next(2) for _ in range(4)] == [2, 2, 2, 2]  # at max_k: nothing deeper to probe
     assert [d.next(1) for _ in range(3)] == [1, 1, 1]  # room 1: a probe of 2 drafts does not fit
@@ -401,7 +402,7 @@ def test_constant_and_heuristic_sequences(schedule: str) -> None:
     d, ks = DraftLength(3, schedule), []
     for room, a in ROUNDS:
         k = d.next(room)
-        d.observe(k, accepted=min(a, k))
+        d.observe(k, matched=min(a, k))
         ks.append(k)
     expected = {"constant": [3, 3, 3, 3, 3, 0, 3, 3, 3, 3], "heuristic": [3, 5, 7, 3, 8, 0, 7, 6, 5, 4],
                 "heuristic_transient": [3, 5, 7, 3, 8, 0, 7, 6, 5, 4]}
@@ -415,7 +416,7 @@ def test_heuristic_carries_across_calls_and_transient_restarts() -> None:
         d.start_call()
         for _ in range(2):  # two rounds with every draft kept: 2 -> 4 -> 6
             k = d.next(100)
-            d.observe(k, accepted=k)
+            d.observe(k, matched=k)
         assert d.k == grown, schedule
         d.start_call()
         assert d.next(100) == next_call, schedule
@@ -426,7 +427,7 @@ def test_draft_length_makes_the_named_schedule() -> None:
     assert SCHEDULES == tuple(kinds)
     for name, kind in kinds.items():
         d = DraftLength(4, name)
-        assert type(d) is kind and isinstance(d, DraftLength) and d.schedule == name
+        assert type(d) is kind and isinstance(d, Schedule) and d.schedule == name
         assert type(copy.deepcopy(d)) is kind
     assert type(DraftLength(4)) is Constant
     assert type(Heuristic(2)) is Heuristic and Heuristic(2).k == 2  # a subclass named directly
@@ -447,14 +448,14 @@ def test_bad_arguments() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             DraftLength(*args, **kwargs)
-    with pytest.raises(ValueError, match="Heuristic is the 'heuristic' schedule, not 'auto'"):
-        Heuristic(2, "auto")
+    with pytest.raises(TypeError):
+        Heuristic(2, "auto")  # a class takes no schedule name: DraftLength does
     d = auto(2, max_k=2)
     with pytest.raises(ValueError, match="room"):
         d.next(-1)
-    with pytest.raises(ValueError, match="accepted"):
-        d.observe(1, accepted=2)
+    with pytest.raises(ValueError, match="matched"):
+        d.observe(1, matched=2)
     with pytest.raises(ValueError, match="above max_k"):
-        d.observe(3, accepted=0)
-    with pytest.raises(ValueError, match="accepted"):
-        DraftLength(2).observe(1, accepted=-1)
+        d.observe(3, matched=0)
+    with pytest.raises(ValueError, match="matched"):
+        DraftLength(2).observe(1, matched=-1)
