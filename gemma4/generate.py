@@ -27,6 +27,23 @@ class PromptError(ValueError):
     the context)."""
 
 
+class NonFiniteLogits(ArithmeticError):
+    """Logits (or a drafter's state) holding a NaN or an infinity: no token can be chosen from them.
+    `what` names the step."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} hold a NaN or an infinity: a NaN or infinite weight or scale "
+                         f"in the checkpoint, or a bfloat16 overflow; check the files, or run in "
+                         f"float32")
+
+
+def check_finite(values: Tensor, what: str) -> None:
+    """Stop where no token can be chosen, naming the step: argmax would take a NaN for the largest
+    logit."""
+    if not torch.isfinite(values).all():
+        raise NonFiniteLogits(what)
+
+
 def check_prompt(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> None:
     """Reject what the model cannot run, with a message that says what to change."""
     c = model.config
@@ -59,6 +76,7 @@ def new_cache(model: Gemma4Model, prompt: list[int], max_new_tokens: int) -> KVC
 def next_token(logits: Tensor, sampler: SamplerConfig | None, position: int) -> int:
     """The token at `position` from the logits (V,) of the position before: the argmax when greedy
     (sampler None), else the keyed draw from the warped logits."""
+    check_finite(logits, f"the target's logits for position {position}")
     if sampler is None:
         return int(logits.argmax())
     return sample(logits, sampler, position)

@@ -15,12 +15,16 @@ Facts a reader must know:
   8 bits of mantissa fit in 24), so `Int4Linear` forms the weight in float32 and the product then runs in the
   activations' dtype: a float32 run multiplies by the exact weights; a bfloat16 run rounds each weight once to
   bfloat16 (at most half a unit in the last place), as served engines computing in bfloat16 do.
-- The release recipe, also what `quantize` does (load_target(..., quantize="int4")): round to nearest,
-  s = max|w| / 7.5 over the group, rounded to bfloat16, then q = clamp(round(w / s), -8, 7).
+- The release recipe, also what `quantize` does (load_target(..., quantize="int4")), as compressed-tensors'
+  round to nearest computes it: s = max|w| / 7.5 over the group, then q = clamp(round(w / s), -8, 7), both in
+  the weight's own dtype. For a bf16 weight (every release) that is bf16 arithmetic: w / s rounds to bf16
+  before it rounds to an integer, and about 1% of the q differ from a division in float32. A float32 weight
+  has its scale rounded to bf16 first, the dtype the layer stores.
 
 Shape legend: O out features, I in features, G = I/32 groups, N rows (tokens).
 """
 
+import json
 from collections.abc import Callable
 
 import torch
@@ -61,17 +65,25 @@ def check_scheme(raw: dict) -> bool:
     def refuse(what: str) -> None:
         raise ConfigError(f"quantization_config: {what}; supported: {SCHEME}, or no quantization_config")
 
+    def section(value: object, name: str) -> dict:
+        """A part of the config that must be a JSON object (a hand-edited file may hold anything)."""
+        if not isinstance(value, dict):
+            refuse(f"{name} is {json.dumps(value)[:40]}, not an object")
+        return value
+
+    q = section(q, "quantization_config")
     if q.get("quant_method") != "compressed-tensors":
         refuse(f"quant_method {q.get('quant_method')!r} is not read here")
     if q.get("format") != "pack-quantized":
         refuse(f"format {q.get('format')!r} is not read here")
-    groups = q.get("config_groups") or {}
+    groups = section(q.get("config_groups"), "config_groups")
     if len(groups) != 1:
         refuse(f"{len(groups)} config groups, expected one")
-    group = next(iter(groups.values()))
+    name, group = next(iter(groups.items()))
+    group = section(group, f"config_groups.{name}")
     if group.get("format") not in (None, "pack-quantized"):
         refuse(f"the group's format {group.get('format')!r} is not read here")
-    w = group.get("weights") or {}
+    w = section(group.get("weights"), f"config_groups.{name}.weights")
     wanted = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": GROUP}
     for key, value in wanted.items():
         if w.get(key) != value:
@@ -114,14 +126,16 @@ def dequantize(words: Tensor, scales: Tensor) -> Tensor:
 
 
 def quantize(w: Tensor) -> tuple[Tensor, Tensor]:
-    """w (O, I) floating -> words (O, I/8) int32 and scales (O, G) bf16: the release's round-to-nearest recipe."""
+    """w (O, I) floating -> words (O, I/8) int32 and scales (O, G) bf16: the release's round-to-nearest recipe,
+    in w's dtype (see the module docstring)."""
     o, i = w.shape
     if i % GROUP:
         raise ConfigError(f"a weight with {i} inputs cannot be quantized in groups of {GROUP}")
-    groups = w.float().view(o, i // GROUP, GROUP)  # (O, G, 32)
+    groups = w.view(o, i // GROUP, GROUP)  # (O, G, 32), in w's dtype
     scales = (groups.abs().amax(-1) / 7.5).to(torch.bfloat16)  # (O, G)
     # An all-zero group has scale 0: its q is 0 (dividing by 1 instead keeps 0 / 0 out).
-    step = scales.float().masked_fill(scales == 0, 1.0)[..., None]  # (O, G, 1)
+    step = scales.to(w.dtype).masked_fill(scales == 0, 1.0)[..., None]  # (O, G, 1)
+    # w / s in w's dtype, as compressed-tensors divides: a bf16 quotient is rounded before `round`.
     q = torch.clamp(torch.round(groups / step), -OFFSET, OFFSET - 1).view(o, i)  # (O, I)
     return pack(q), scales
 

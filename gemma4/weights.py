@@ -61,6 +61,20 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, or does not match its config."""
 
 
+FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors' names of the floating dtypes
+
+
+def stored_dtypes(key: str) -> tuple[str, ...]:
+    """The safetensors dtypes a tensor of this name-table key may have: int4 words are int32 (another integer
+    width would read other nibbles), an int4 layer's shape and the drafter's token ordering are integers, every
+    other tensor is floating point."""
+    if key.endswith("weight_packed"):
+        return ("I32",)
+    if key.endswith(("weight_shape", "token_ordering")):
+        return ("I64", "I32")
+    return FLOATS
+
+
 # ---------------------------------------------------------------- the name table
 
 def target_weight_table(c: TextConfig) -> dict[str, tuple[int, ...]]:
@@ -284,6 +298,10 @@ def read_state_dict(
         shape = tuple(handle.get_slice(name).get_shape())
         if shape != table[key]:
             raise CheckpointError(f"tensor {name} has shape {list(shape)}, the config implies {list(table[key])}")
+        stored = handle.get_slice(name).get_dtype()
+        if stored not in stored_dtypes(key):
+            raise CheckpointError(f"tensor {name} is stored as {stored}, expected {' or '.join(stored_dtypes(key))}: "
+                                  f"the file is not a checkpoint this config describes")
         # A view of the mapped file (no byte read yet), or a rank's part, read as it is cut into a tensor of its own.
         tensor = _read(handle, file, name, cuts.get(key))
         if key in host_keys:  # a view of the file: a step reads its rows (pinning it would lock the whole table)
@@ -362,8 +380,7 @@ def load_target(
     if shard is not None:  # before a byte is read: the split checked, the same files on every rank
         from gemma4.parallel.group import rank_part
 
-        int4_inputs = any(k.endswith("o_proj.weight") for k in int4)
-        cuts, config = rank_part(config, table, shard, model_dir, "target", int4_inputs=int4_inputs)
+        cuts, config = rank_part(config, table, shard, model_dir, "target", int4=frozenset(int4))
 
     def owned(name: str) -> bool:
         return name.startswith(prefix) and not name.startswith(("model.vision_tower.", "model.embed_vision.",

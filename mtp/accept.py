@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from torch import Tensor
 
+from gemma4.generate import check_finite
 from gemma4.sampling import SamplerConfig, sample
 from mtp.sample_drafting import accept_rejection
 
@@ -22,6 +23,8 @@ def accept(drafts: list[int], logits: Tensor, sampler: SamplerConfig | None, new
     """g_0..g_a by the rule of this run: greedy when `sampler` is None, the rejection rule when
     the drafter's q rows are given (sample drafting), keyed samples otherwise. logits (K+1, V)
     choose positions newest+1..newest+K+1."""
+    last = newest + len(drafts)
+    check_finite(logits, f"the target's logits of the verify at positions {newest}..{last}")
     if sampler is None:
         return agree(drafts, logits.argmax(dim=-1).tolist())
     if q:

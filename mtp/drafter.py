@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from gemma4.cache import KVCache, KVPair
 from gemma4.config import FULL, SLIDING, TextConfig
+from gemma4.generate import check_finite
 from gemma4.model import (
     DecoderLayer, Gemma4Model, LayerInputs, RMSNorm, TiedHead, layer_inputs, linear,
 )
@@ -61,9 +62,10 @@ class CentroidHead(nn.Module):
         would."""
         ids, scores = self.scored_tokens(hn, head)
         best = scores == scores.max(dim=-1, keepdim=True).values  # (B, N*V/C)
-        # Above every id: a candidate that is not the best never wins the min.
+        # Above every id: a candidate that is not the best never wins the min. (Scores that are all
+        # NaN have no best: the clamp keeps the id a token, and the loops refuse the NaN itself.)
         never = ids.new_full((), torch.iinfo(ids.dtype).max)
-        return torch.where(best, ids, never).min(dim=-1).values
+        return torch.where(best, ids, never).min(dim=-1).values.clamp_(max=head.shape[0] - 1)
 
 
 class DrafterBody(nn.Module):
@@ -130,6 +132,7 @@ class Drafter(nn.Module):
         for j in range(1, k + 1):
             x = target.embed(torch.tensor([[token]], device=device))  # (1, 1, E)
             hn, h = self.step(x, h, inputs, kv)  # (1, 1, U), (1, 1, E)
+            check_finite(hn, f"the drafter's states at draft step {j} of position {position}")
             if sampler is None:
                 token = int(self.greedy_token(hn[:, 0]))
             else:

@@ -101,6 +101,29 @@ def check_pair(target: TextConfig, drafter: DrafterConfig, target_name: str, dra
             fail(f"its layer {i} expects (kv heads, head dim) {mine}, target layer {src} has {theirs}")
 
 
+def splits(text: TextConfig, world: int) -> bool:
+    """Whether `world` ranks can split a drafter's layers (gemma4/parallel/plan.py `check_world`)."""
+    from gemma4.parallel.plan import check_world
+
+    try:
+        check_world(text, world, "assistant")
+    except ConfigError:
+        return False
+    return True
+
+
+def check_whole_kv(target: TextConfig, drafter: DrafterConfig, world: int) -> None:
+    """A drafter replicated on every rank reads the target's K/V of its source layers whole: refused in one line
+    where a rank holds only its part of them (`target`: the rank's local config)."""
+    for i, kind in enumerate(drafter.text.layer_types):
+        held, needed = target.kv_heads[target.kv_source(kind)], drafter.text.kv_heads[i]
+        if held != needed:
+            raise ConfigError(f"{world} ranks cannot split the assistant ({drafter.text.num_heads} query heads), and "
+                              f"it cannot run whole on each rank: the target's K/V it reads is split ({held} of "
+                              f"{needed} kv heads a rank); run with a rank count that divides "
+                              f"{drafter.text.num_heads}")
+
+
 def load_drafter(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
     target: Gemma4Model | None = None, progress: Progress | None = None, shard: "Shard | None" = None,
@@ -108,7 +131,9 @@ def load_drafter(
     """The assistant of a local directory or Hub id, in eval mode, without gradients; `fast`: the speed layer, as
     `load_target`'s (a centroid head gathers rows: it has no product). Given its `target`, the pair is checked
     first (`check_pair`: sizes, vocabulary, K/V shapes, and a sliding window no wider than the target's). `shard`:
-    one rank of a tensor-parallel run, as `load_target`'s (its query heads split as the target's kv heads are)."""
+    one rank of a tensor-parallel run, as `load_target`'s (its query heads split as the target's kv heads are).
+    A drafter whose heads the rank count does not divide is replicated whole on every rank, which needs the
+    target's K/V whole on each rank too (one kv head, as E2B and E4B have): a drafter is small."""
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -118,11 +143,17 @@ def load_drafter(
                           f"assistant (for a QAT target, its -qat-q4_0-unquantized-assistant)")
     cfg = drafter_config_from_dict(raw)
     table, cuts = drafter_weight_table(cfg), None
-    if shard is not None:  # split as the target is: its heads read the target's local K/V
+    if shard is not None and splits(cfg.text, shard.world):  # split as the target is: its heads read local K/V
         from gemma4.parallel.group import rank_part
 
         cuts, text = rank_part(cfg.text, table, shard, model_dir, "assistant", layer_prefix="model.layers.")
         cfg = replace(cfg, text=text)
+    elif shard is not None:  # whole on every rank: the same files, and the target's K/V it reads whole here
+        from gemma4.parallel.group import check_same, fingerprint
+
+        check_same(fingerprint(model_dir), "assistant checkpoint")
+        if target is not None:
+            check_whole_kv(target.config, cfg, shard.world)
     if target is not None:  # a rank's target is checked against its own part of the drafter
         check_pair(target.config, cfg, "the target given", str(path))
     state = read_state_dict(model_dir, table, "", drafter_ignored(cfg), lambda name: True, dtype, device,

@@ -42,6 +42,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     import torch
 
     from cli.clock import RoundClock
+    from cli.parallel import mute_other_ranks
     from cli.options import (
         DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USER_ERRORS, Assistant, ModelFlags, Parser, Target,
         UsageError, add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
@@ -456,6 +457,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target: Path = DEMO_TARGET) -> int:
+    mute_other_ranks()  # under torchrun: rank 0 alone prints, a refusal of the flags included
     args = parse(sys.argv[1:] if argv is None else argv)
     if source is None:
         source = sys.stdin

@@ -39,6 +39,7 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Stream, text_sinks
+    from cli.parallel import mute_other_ranks
     from cli.trace import Trace, each, observed, piece
     from gemma4.engine import decode, generate_one
     from gemma4.generate import budget_of, sample_generate
@@ -390,6 +391,7 @@ def parser() -> Parser:
 
 
 def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
+    mute_other_ranks()  # under torchrun: rank 0 alone prints, a refusal of the flags included
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
 
     def run() -> int:

@@ -19,7 +19,7 @@ from gemma4.engine.ring import PREFILL_CHUNK, RingCache, ring_slack
 from gemma4.generate import PromptError, check_prompt, finished  # noqa: F401 (PromptError: importable here)
 from gemma4.model import Gemma4Model
 from gemma4.engine.forward import forward_rows
-from gemma4.engine.sampling import rule_of
+from gemma4.engine.sampling import finite_argmax, refuse_marked, rule_of
 from gemma4.sampling import TOKEN_STREAM, SamplerConfig
 
 if TYPE_CHECKING:  # soft embeddings in the prompts: `prefill` asks them what to replace
@@ -115,7 +115,10 @@ def choose(model: Gemma4Model, logits: torch.Tensor, samplers: Sequence[SamplerC
     """Row i's token at absolute positions[i] from the logits (B, V) of the position before: the argmax without a
     sampler (all such rows in one read of the device), else its keyed sample by the model's rule. Plain decoding's
     tokens and every loop's first (verifies: mtp/accept.py)."""
-    greedy = logits.argmax(dim=-1).tolist() if None in samplers else None  # (B,)
-    return [greedy[i] if s is None else rule_of(model).sample(logits[i:i + 1], s, TOKEN_STREAM, [n])[0]
-            for i, (s, n) in enumerate(zip(samplers, positions))]
+    greedy = finite_argmax(logits).tolist() if None in samplers else None  # (B,)
+    tokens = [greedy[i] if s is None else rule_of(model).sample(logits[i:i + 1], s, TOKEN_STREAM, [n])[0]
+              for i, (s, n) in enumerate(zip(samplers, positions))]
+    for token, n in zip(tokens, positions):
+        refuse_marked([token], f"the target's logits for position {n}")
+    return tokens
 

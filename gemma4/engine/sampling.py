@@ -22,6 +22,7 @@ from torch import Tensor
 from gemma4.sampling import (  # noqa: F401 (the streams and the hash: importable here, beside the rule)
     ACCEPT_STREAM, DRAFT_STREAM, GOLDEN, MASK64, MIX, TOKEN_STREAM, SamplerConfig, finalise, stream_key,
 )
+from gemma4.generate import NonFiniteLogits
 from gemma4.sampling import warp as warp_row
 
 # ---------------------------------------------------------------- warping
@@ -64,8 +65,11 @@ class Sampling:
         only, all read at once."""
         tokens = []  # (1,) each until the read
         for x, position in zip(logits, positions):
-            ids, probs = self.candidates(x, cfg)
-            tokens.append(keyed_choice(ids, probs, cfg.seed, stream, position))
+            # A row with a NaN is drawn from zeros (no read to ask which), its token then NOT_FINITE.
+            finite = torch.isfinite(x).all()
+            ids, probs = self.candidates(torch.where(finite, x, 0.0), cfg)
+            token = keyed_choice(ids, probs, cfg.seed, stream, position)
+            tokens.append(torch.where(finite, token, NOT_FINITE))
         return torch.cat(tokens).tolist()
 
     def draws(self, logits: Tensor, cfg: SamplerConfig, stream: int,
@@ -73,6 +77,23 @@ class Sampling:
         """`sample`'s tokens one at a time, each drawn when asked for: no row past a verify's first
         mismatch."""
         return (self.sample(logits[i:i + 1], cfg, stream, [p])[0] for i, p in enumerate(positions))
+
+
+# The token a row gets where its logits hold a NaN or an infinity: computed on the device beside the
+# token (no read of its own) and refused where the tokens are read (`refuse_marked`).
+NOT_FINITE = -1
+
+
+def finite_argmax(logits: Tensor) -> Tensor:
+    """logits (..., V) -> (...,) the argmax, or NOT_FINITE in a row that holds a NaN or an infinity (argmax
+    would take a NaN for the largest logit)."""
+    return torch.where(torch.isfinite(logits).all(dim=-1), logits.argmax(dim=-1), NOT_FINITE)
+
+
+def refuse_marked(tokens: list[int], what: str) -> None:
+    """gemma4/generate.py's NonFiniteLogits where a token read is NOT_FINITE: `what` names the step."""
+    if NOT_FINITE in tokens:
+        raise NonFiniteLogits(what)
 
 
 # A model's rule unless the speed layer gives it another; its methods are this module's functions

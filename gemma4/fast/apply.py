@@ -32,7 +32,8 @@ from gemma4.weights import Progress, Reader
 
 def groups(model: nn.Module) -> list[tuple[str, list[str]]]:
     """(module name, the parameter keys its product stacks by rows): q/k/v of an attention layer with its own K/V,
-    gate/up of an MLP, and every other `nn.Linear` alone."""
+    gate/up of an MLP, and every other `nn.Linear` or int4 layer alone. A group whose members are not all of one
+    kind (an int4 file that leaves one of them floating point) is not stacked: each member multiplies alone."""
     out, stacked = [], set()
     for name, module in model.named_modules():
         if isinstance(module, Attention) and not module.shared:
@@ -40,6 +41,8 @@ def groups(model: nn.Module) -> list[tuple[str, list[str]]]:
         elif isinstance(module, MLP):
             children = ["gate_proj", "up_proj"]
         else:
+            continue
+        if len({type(module.get_submodule(child)) for child in children}) > 1:
             continue
         out.append((name, [f"{name}.{child}.weight" for child in children]))
         stacked |= {f"{name}.{child}" for child in children}

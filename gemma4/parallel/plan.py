@@ -16,6 +16,7 @@
 Shape legend: H query heads, K kv heads, D head dim, E hidden, W MLP width, I expert width, X experts.
 """
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,9 +45,11 @@ class Shard:
         return range(q.start // group, (q.stop - 1) // group + 1)
 
 
-def check_world(c: TextConfig, world: int, what: str, int4_inputs: bool = False) -> None:
-    """One line if `world` ranks cannot split this model (see the module docstring). `int4_inputs`: the o and
-    down projections are int4, so their input slices must hold whole groups of 32."""
+def check_world(c: TextConfig, world: int, what: str, int4: Collection[str] = ()) -> None:
+    """One line if `world` ranks cannot split this model (see the module docstring). `int4`: the weight keys of
+    its int4 layers (`layers.3.self_attn.o_proj.weight`); an o or down projection among them is split by input,
+    so each rank's slice must hold whole groups of 32. Each layer is checked on its own: a file may leave one
+    of the two in floating point."""
     def refuse(why: str) -> None:
         raise ConfigError(f"{world} ranks cannot split the {what}: {why}; run with a rank count that divides it")
 
@@ -60,13 +63,12 @@ def check_world(c: TextConfig, world: int, what: str, int4_inputs: bool = False)
             refuse(f"an MLP width of {width}")
     if c.enable_moe and c.moe_intermediate_size % world:
         refuse(f"an expert width of {c.moe_intermediate_size}")
-    if int4_inputs:
-        for d in sorted(set(c.head_dims)):
-            if (c.num_heads // world * d) % GROUP:
-                refuse(f"int4 o_proj inputs of {c.num_heads * d} in slices that cut groups of {GROUP}")
-        for width in sorted({c.mlp_width(i) for i in range(c.num_layers)}):
-            if (width // world) % GROUP:
-                refuse(f"int4 down_proj inputs of {width} in slices that cut groups of {GROUP}")
+    for i in range(c.num_layers):
+        inputs = c.num_heads * c.head_dims[i]
+        if f"layers.{i}.self_attn.o_proj.weight" in int4 and (inputs // world) % GROUP:
+            refuse(f"int4 o_proj inputs of {inputs} in slices that cut groups of {GROUP}")
+        if f"layers.{i}.mlp.down_proj.weight" in int4 and (c.mlp_width(i) // world) % GROUP:
+            refuse(f"int4 down_proj inputs of {c.mlp_width(i)} in slices that cut groups of {GROUP}")
 
 
 def local_config(c: TextConfig, shard: Shard) -> TextConfig:

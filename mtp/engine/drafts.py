@@ -11,7 +11,7 @@ from torch import Tensor
 
 from gemma4.config import FULL, SLIDING
 from gemma4.engine.ring import KV, RingCache
-from gemma4.engine.sampling import Sampling, keyed_choice, rule_of
+from gemma4.engine.sampling import NOT_FINITE, Sampling, keyed_choice, rule_of
 from gemma4.model import Gemma4Model, LayerInputs, layer_inputs
 from gemma4.sampling import DRAFT_STREAM, SamplerConfig
 from mtp.drafter import Drafter
@@ -45,8 +45,10 @@ def propose_rows(drafter: Drafter, target: Gemma4Model, tokens: list[int], hidde
     kv = pairs(source_kv)
     drafted: list[Tensor] = []
     probs: list[Tensor] = []
+    finite = torch.ones(len(tokens), 1, dtype=torch.bool, device=hidden.device)  # (B, 1) every state so far
     for j in range(1, k + 1):
         hn, h = drafter.step(target.embed(ids), h, inputs, kv)  # (B, 1, U), (B, 1, E)
+        finite &= torch.isfinite(hn).all(dim=-1)
         if samplers is None:
             ids = drafter.greedy_token(hn[:, 0])[:, None]  # (B, 1)
         else:
@@ -54,7 +56,8 @@ def propose_rows(drafter: Drafter, target: Gemma4Model, tokens: list[int], hidde
             probs.append(q)  # (B, V)
         drafted.append(ids)
     q = torch.stack(probs, dim=1) if probs else None  # (B, k, V)
-    return torch.cat(drafted, dim=1), q  # (B, k)
+    # A row whose drafter states held a NaN or an infinity drafts NOT_FINITE, refused when read.
+    return torch.where(finite, torch.cat(drafted, dim=1), NOT_FINITE), q  # (B, k)
 
 
 def keyed_sample(rule: Sampling, probs: Tensor, seed: int, stream: int,
@@ -72,6 +75,8 @@ def draw_drafts(drafter: Drafter, rule: Sampling, hn: Tensor, samplers: list[Sam
     sampler into q (B, V), 0 outside a centroid head's tokens, drawn with DRAFT_STREAM noise keyed at
     positions[b] + j. -> ids (B, 1), q (B, V)."""
     logits = draft_logits(drafter, hn, filler=float("-inf"))  # (B, V)
+    # A NaN state's logits are drawn from as zeros (propose_rows marks its drafts NOT_FINITE); -inf stays.
+    logits = torch.nan_to_num(logits, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
     q = torch.cat([rule.warp(logits[b:b + 1], s) for b, s in enumerate(samplers)])  # (B, V)
     rows = enumerate(zip(samplers, positions))
     ids = [keyed_sample(rule, q[b:b + 1], s.seed, DRAFT_STREAM, [p + j]) for b, (s, p) in rows]

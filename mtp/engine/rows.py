@@ -21,7 +21,7 @@ from gemma4.model import Gemma4Model
 from gemma4.engine.rows import PAD, Request, check_rows, choose, finish_reason, keep, new_cache, prefill
 from gemma4.sampling import SamplerConfig
 from gemma4.engine.forward import forward_rows
-from gemma4.engine.sampling import rule_of
+from gemma4.engine.sampling import finite_argmax, refuse_marked, rule_of
 from mtp.accept import agree, cut_at_stop
 from mtp.drafter import Drafter
 from mtp.engine.accept import accept_by_rule
@@ -88,6 +88,8 @@ def speculative_rows(
             drafted, q = propose_rows(drafter, target, [seqs[b][-1] for b in going], hidden, newest,
                                       ring_kv(cache, target, max(newest)), k, row_samplers)  # (B, k)
             drafts = [d[:n] for d, n in zip(drafted.tolist(), ks)]
+            for d, n in zip(drafts, newest):
+                refuse_marked(d, f"the drafter's states at position {n}")
 
         # 3. Verify [seq_b[newest_b], d_1..d_K_b] at positions newest_b.., all rows in one target forward.
         ids = torch.tensor([seqs[b][-1:] + d + [PAD] * (k - len(d)) for b, d in zip(going, drafts)])  # (B, k+1)
@@ -95,7 +97,7 @@ def speculative_rows(
 
         # 4. Accept each row's prefix. The greedy rows' argmaxes come in one read of the device, before any
         #    schedule reads its clock; a row's pads are not read.
-        greedy = out.logits.argmax(dim=-1).tolist() if None in [samplers[b] for b in going] else None
+        greedy = finite_argmax(out.logits).tolist() if None in [samplers[b] for b in going] else None
         accepted = []
         for i, (b, d) in enumerate(zip(going, drafts)):
             if samplers[b] is None:
@@ -103,6 +105,8 @@ def speculative_rows(
             else:
                 targets = accept_by_rule(rule, d, out.logits[i, :len(d) + 1], samplers[b], newest[i],
                                  None if q is None else q[i, :len(d)])
+            refuse_marked(targets[-1:], f"the target's logits of the verify at positions {newest[i]}.."
+                                        f"{newest[i] + len(d)}")
             a = len(targets) - 1
             schedules[b].observe(len(d), a)
 

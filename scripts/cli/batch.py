@@ -24,6 +24,7 @@ from typing import Any
 from cli.clock import RoundClock
 from cli.options import UsageError
 from gemma4.engine import decode
+from gemma4.parallel.group import world_size
 from gemma4.model import Gemma4Model
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import Gemma4Tokenizer
@@ -79,6 +80,9 @@ def split_prompts(texts: list[str] | None, ids: list[list[int]] | None, file: st
     if file is not None:
         if ids:
             raise UsageError("--prompts-file holds text prompts: give --prompt with it, not --prompt-ids")
+        if file == "-" and world_size() > 1:  # every rank inherits the one stdin: they would race for its bytes
+            raise UsageError("--prompts-file - reads stdin, which every rank under torchrun shares: write the "
+                             "prompts to a file and give its path")
         read = read_prompts(file)
         note(f"note: {len(read)} prompt{'s' if len(read) > 1 else ''} read from {file}"
              + ("" if len(read) > 1 else f" (the whole file; lines holding only {SEPARATOR} separate prompts)"))

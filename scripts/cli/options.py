@@ -40,6 +40,7 @@ from gemma4.config_file import read_json
 from gemma4.fast.static import StaticDrafter, StaticKVCache, StaticTarget, prepare_to_compile
 from gemma4.model import Gemma4Model
 from gemma4.engine.rows import PromptError
+from gemma4.generate import NonFiniteLogits
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES
@@ -50,12 +51,13 @@ from gemma4.parallel.plan import Shard
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, Schedule, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
+from mtp.loading import check_whole_kv, splits
 from mtp.speculative import DRAFTING
 from gemma4.engine.forward import forward_rows
 from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
 from cli.media import IMAGE_TOKENS_HELP
-from cli.parallel import leave, lost_ranks, others_wait, ranks, refusal
+from cli.parallel import leave, lost_ranks, not_joined, others_wait, ranks, refusal
 from cli.progress import progress
 from cli.threads import use_threads
 
@@ -82,7 +84,7 @@ class UsageError(ValueError):
 # What a user can get wrong, each raised with a message that says what to change: the command line, a
 # checkpoint's files, a prompt the model cannot run. They subclass ValueError, so that a library caller's
 # `except ValueError` keeps working; any other ValueError is a bug, and keeps its traceback.
-USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError, ImageError, AudioError)
+USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError, ImageError, AudioError, NonFiniteLogits)
 
 
 class Parser(argparse.ArgumentParser):
@@ -391,6 +393,10 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
                          f"plain decoding)") from None
     drafter = load_drafter(assistant_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet),
                            shard=target.shard)
+    # Under torchrun, a drafter whose heads the ranks cannot split runs whole on every rank.
+    whole = target.shard is not None and not splits(drafter.config.text, target.shard.world)
+    if whole:
+        check_whole_kv(target.model.config, drafter.config, target.shard.world)
     check_pair(target.model.config, drafter.config, target.name, name)
     k = a.num_assistant_tokens
     if k is None:  # the release's own choice, as transformers reads it
@@ -401,7 +407,9 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
             raise ConfigError(f"{gen}: num_assistant_tokens is {k}, at least 1 drafts a round: correct the file, "
                               f"or give --num-assistant-tokens")
     schedule = a.schedule or "constant"
-    say(f"assistant  {name} ({k} drafts per round, {schedule} schedule)")
+    copies = (f", whole on every rank: its {drafter.config.text.num_heads} query heads do not split across "
+              f"{target.shard.world}") if whole else ""
+    say(f"assistant  {name} ({k} drafts per round, {schedule} schedule{copies})")
     # auto chooses K in 0..max_k: at least the default 8, or the K asked for
     length = DraftLength(k, schedule, max_k=max(MAX_K, k)) if schedule == "auto" else DraftLength(k, schedule)
     return Assistant(name, drafter, length, a.drafting or "argmax")
@@ -566,8 +574,11 @@ def outcome(run: Callable[[], int]) -> int:
         print(one_line(e), file=sys.stderr)
         return USAGE_ERROR
     except Exception as e:  # noqa: BLE001 (a bug: what Python itself would print, as a status the caller gets)
+        if line := not_joined(e):  # under torchrun, a rank stopped before the run began: its output says why
+            print(line, file=sys.__stderr__)
+            return USAGE_ERROR
         if line := lost_ranks(e):  # under torchrun, another rank stopped: its own output says why
-            print(line, file=sys.stderr)
+            print(line, file=sys.__stderr__)
             return BUG
         traceback.print_exc()
         return BUG

@@ -36,6 +36,14 @@ LINES: list[dist.ProcessGroup] = []
 PROMPT_WAIT = timedelta(days=1)
 
 
+def mute_other_ranks() -> None:
+    """Under torchrun, from a rank's first line: every rank but 0 writes to /dev/null, so that a refusal every
+    rank reaches alike prints once. (A line that only a surviving rank can say goes to `sys.__stderr__`.)"""
+    if world_size() > 1 and os.environ.get("RANK", "0") != "0":
+        quiet = open(os.devnull, "w")
+        sys.stdout = sys.stderr = quiet
+
+
 def ranks(device: torch.device) -> Shard | None:
     """Under torchrun with 2 or more ranks: join them and mute every rank but 0; else None (one process)."""
     if world_size() < 2:
@@ -45,9 +53,7 @@ def ranks(device: torch.device) -> Shard | None:
     # Ctrl-C reaches torchrun and every rank, and torchrun ends the run: each rank ends at once (the default
     # action), not in a handler that a rank blocked in a collective would only reach when the others answer.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if shard.rank != 0:
-        quiet = open(os.devnull, "w")
-        sys.stdout = sys.stderr = quiet
+    mute_other_ranks()
     return shard
 
 
@@ -84,6 +90,15 @@ def others_wait(seconds: float = 2.0) -> None:
     once one exits with an error, rank 0 too, maybe before its line is out."""
     if dist.is_initialized() and dist.get_rank() != 0:
         time.sleep(seconds)
+
+
+def not_joined(e: BaseException) -> str | None:
+    """The one line for a rank that could not join the run (another stopped before it joined, and the
+    rendezvous timed out); None for any other error."""
+    if world_size() < 2 or dist.is_initialized() or not isinstance(e, dist.DistError):
+        return None
+    return (f"error: rank {os.environ.get('RANK', '?')} could not join the tensor-parallel run: not every rank "
+            f"joined within {int(TIMEOUT.total_seconds())} s (one that stopped first says why in its own output)")
 
 
 def lost_ranks(e: BaseException) -> str | None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from gemma4.parallel.group import TIMEOUT
 from tests.parallel.harness import ROOT, finish, start_ranks
@@ -57,24 +58,40 @@ def test_chat_on_two_ranks_answers_rank_0s_lines(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("world", "extra", "expected"), [
     (3, [], "3 ranks cannot split the target: 4 query heads"),
+    (2, ["--prompts-file", "-"], "--prompts-file - reads stdin, which every rank under torchrun shares: write "
+                                 "the prompts to a file and give its path"),
     pytest.param(2, ["--compile"], "--compile cannot run tensor-parallel", marks=pytest.mark.parallel),
 ])
 def test_what_ranks_cannot_run_is_one_line_on_every_rank(world: int, extra: list[str], expected: str) -> None:
+    """Every rank refuses (exit status 2); rank 0 alone prints the line, once."""
     results = finish(start_ranks(world, [*GENERATE, "--max-new-tokens", "4", *extra]))
     code, out, err = results[0]
     assert code == 2 and out == "", err
     one_line(err, expected)
     assert all(c == 2 for c, _, _ in results)
+    assert all(out == err == "" for _, out, err in results[1:])
+
+
+@pytest.mark.parallel  # rank 0 waits gemma4.parallel.group's TIMEOUT (60 s) for the rank that never joins
+def test_a_rank_that_stops_before_joining_is_one_line() -> None:
+    procs = start_ranks(2, [*GENERATE, "--max-new-tokens", "4"], per_rank={1: ["--top-k", "-1"]})
+    (code0, out0, err0), (code1, _, err1) = finish(procs)
+    assert code1 == 2 and err1 == ""  # refused before it joined: muted, as every rank but 0
+    assert code0 == 2 and out0 == ""
+    one_line(err0, "rank 0 could not join the tensor-parallel run: not every rank joined within 60 s")
 
 
 def test_another_checkpoint_on_one_rank_is_one_line(tmp_path: Path) -> None:
+    """A checkpoint of the same geometry with other weights (a fine-tune: the same config and headers) on rank 1:
+    every rank refuses in one line before the first forward."""
     other = shutil.copytree(DEMO / "target", tmp_path / "target")
-    config = json.loads((other / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps(config | {"note": "another file"}))
+    tensors = load_file(other / "model.safetensors")
+    save_file({name: t * 1.01 if name.endswith("mlp.up_proj.weight") else t for name, t in tensors.items()},
+              other / "model.safetensors", metadata={"format": "pt"})
     procs = start_ranks(2, [*GENERATE, "--max-new-tokens", "4"], per_rank={1: ["--target", str(other)]})
-    code, out, err = finish(procs)[0]
-    assert code == 2 and out == ""
-    one_line(err, "rank 1 was given another target checkpoint than rank 0")
+    (code0, out0, err0), (code1, out1, err1) = finish(procs)
+    assert code0 == code1 == 2 and out0 == out1 == err1 == ""  # refused on every rank, said once by rank 0
+    one_line(err0, "rank 1 was given another target checkpoint than rank 0")
 
 
 def test_a_rank_that_dies_stops_the_others_with_one_line() -> None:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.parallel.harness import run_ranks
+from tests.checkpoints import write_assistant
 from tests.parallel.pairs import PROMPTS, tp_pair
 from tests.parallel.ranks import run
 
@@ -55,3 +56,19 @@ def test_an_int4_file_is_split_by_packed_rows_and_groups(world: int, tmp_path_fa
     """The w4a16 layout (tests/int4_checkpoints.py): each rank reads its rows of q/gate/up's packed words and
     scales, and its whole groups of 32 inputs of o/down's."""
     check(*tp_pair("e2b", tmp_path_factory, int4=True), world, tmp_path_factory.mktemp(f"tp-int4-{world}"))
+
+
+@pytest.mark.parallel
+def test_a_drafter_the_ranks_cannot_split_runs_whole_on_each(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The E2B-like pair with a drafter of 2 query heads at N = 4: the drafter is replicated (its target's one kv
+    head is whole on every rank), and speculative == plain == the one-process model, greedy and sampled."""
+    target, _ = tp_pair("e2b", tmp_path_factory)
+    root = tmp_path_factory.mktemp("tp-narrow-drafter")
+    assistant = write_assistant(root / "assistant", target, ordered_embeddings=True, echo=True, heads=2,
+                                intermediate=96)
+    job = dict(target=str(target), assistant=str(assistant), fast=True, prompts=PROMPTS, new_tokens=NEW,
+               dtype="float32", runs=["plain", "spec", "sampled", "spec_sampled"])
+    [ranks] = run_ranks(4, [job], root)
+    one = run(job, None)
+    assert ranks["spec"] == ranks["plain"] == one["plain"] == one["spec"]
+    assert ranks["spec_sampled"] == ranks["sampled"] == one["sampled"]

@@ -15,7 +15,7 @@ from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32,
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from gemma4 import CheckpointError, ConfigError, load_target
+from gemma4 import CheckpointError, ConfigError, greedy_generate, load_target
 from gemma4.fast import kernels_of, products
 from gemma4.fast.int4 import Int4Product
 from gemma4.int4 import Int4Linear, check_scheme, dequantize, is_quantized, pack, quantize, unpack
@@ -90,13 +90,44 @@ def test_dequantize_is_q_times_s_exactly() -> None:
 # ---------------------------------------------------------------- the recipe
 
 
+def compressed_tensors_rtn(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (O, I) -> words and scales as compressed-tensors computes them: its min-max observer's range per group of
+    32, `calculate_qparams`, `quantize` and `pack_to_int32`, with the release's scheme (QUANTIZATION_CONFIG)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import quantize as ct_quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = QuantizationArgs(**QUANTIZATION_CONFIG["config_groups"]["group_0"]["weights"])
+    groups = w.view(w.shape[0], -1, 32)  # (O, G, 32)
+    scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), args)  # (O, G) each, in w's dtype
+    q = ct_quantize(w, scale, zero, args, dtype=torch.int8)  # (O, I)
+    return pack_to_int32(q, 4), scale
+
+
+def test_quantize_is_compressed_tensors_rtn_on_bf16_weights() -> None:
+    """On bf16 weights (what a release is quantized from) the words and scales are compressed-tensors' own; a
+    division in float32 would differ in about 1% of the integers."""
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(64, 256, generator=g) / 8).bfloat16()
+    w[3, 32:64] = 0  # an all-zero group: scale 0 (compressed-tensors: its eps), q 0
+    words, scales = quantize(w)
+    expected_words, expected_scales = compressed_tensors_rtn(w)
+    assert torch.equal(words, expected_words)
+    nonzero = expected_scales.float() > 1e-2  # the all-zero group's scale is 0 here, eps there: q 0 either way
+    assert scales.dtype == torch.bfloat16 and torch.equal(scales[nonzero], expected_scales[nonzero])
+    assert float(scales[3, 1]) == 0
+    in_float32 = torch.round(w.float().view(64, 8, 32) / scales.float().clamp_min(1e-30)[..., None]).clamp(-8, 7)
+    differ = (unpack(words).view(64, 8, 32).float() != in_float32).float().mean()
+    assert 0 < differ < 0.05, differ  # the recipe's dtype matters, and the test sees it
+
+
 def test_quantize_follows_the_release_recipe() -> None:
     g = torch.Generator().manual_seed(4)
     w = torch.randn(16, 96, generator=g) / 8
     w[3, 32:64] = 0  # an all-zero group: scale 0, q 0
     w[5, :32] = torch.linspace(-7.5, 7.5, 32)  # max 7.5: scale exactly 1, so +7.5 is 7.5 / s, clamped to 7
     words, scales = quantize(w)
-    q, expected_scales = int4_weight(w)  # tests/int4_checkpoints.py: the recipe written from its description
+    q, expected_scales = int4_weight(w)  # tests/int4_checkpoints.py: the recipe on float32 weights
     assert scales.dtype == torch.bfloat16 and torch.equal(scales, expected_scales)
     assert torch.equal(words, pack_to_int32(q, 4))
     # By hand, the cases the recipe has to get right.
@@ -153,6 +184,26 @@ OTHER_SCHEMES = {
     "other method": lambda q: q.__setitem__("quant_method", "gptq"),
     "the group's own format": lambda q: q["config_groups"]["group_0"].__setitem__("format", "float-quantized"),
 }
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    ("w4a16", "quantization_config is \"w4a16\""),
+    (["compressed-tensors"], "quantization_config is [\"compressed-tensors\"]"),
+    ({**QUANTIZATION_CONFIG, "config_groups": [{"weights": {}}]}, "config_groups is [{\"weights\": {}}]"),
+    ({**QUANTIZATION_CONFIG, "config_groups": {"group_0": None}}, "config_groups.group_0 is null"),
+    ({**QUANTIZATION_CONFIG, "config_groups": {"group_0": {"weights": "int4"}}}, "config_groups.group_0.weights is"),
+])
+def test_a_malformed_quantization_config_is_one_line_naming_the_field(config: object, field: str,
+                                                                      tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        check_scheme({"quantization_config": config})
+    assert str(e.value).startswith(f"quantization_config: {field}") and "not an object" in str(e.value)
+    assert "\n" not in str(e.value)
+    path = write_target(tmp_path / "t", "e2b")  # and through the loader: the same line, no traceback
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(raw | {"quantization_config": config}))
+    with pytest.raises(ConfigError, match="not an object"):
+        load_target(path)
 
 
 def test_check_scheme_accepts_the_release_and_plain_files() -> None:
@@ -221,6 +272,46 @@ def test_a_weight_shape_that_disagrees_is_refused(int4_e2b: Path, tmp_path: Path
     path = edited(int4_e2b, tmp_path / "t", lambda t: t.__setitem__(key, torch.tensor([64, 96])))
     with pytest.raises(CheckpointError, match=r"o_proj\.weight_shape is \[64, 96\].*\[64, 64\]"):
         load_target(path)
+
+
+@pytest.mark.parametrize(("part", "dtype", "expected"), [
+    ("weight_packed", torch.int16, "stored as I16, expected I32"),  # same shape: its nibbles would read other weights
+    ("weight_packed", torch.float32, "stored as F32, expected I32"),
+    ("weight_scale", torch.int32, "stored as I32, expected F64 or F32 or F16 or BF16"),
+    ("weight_shape", torch.float32, "stored as F32, expected I64 or I32"),
+])
+def test_an_int4_tensor_of_another_dtype_is_refused(int4_e2b: Path, tmp_path: Path, part: str, dtype: torch.dtype,
+                                                    expected: str) -> None:
+    key = PREFIX + "layers.1.mlp.down_proj." + part
+    path = edited(int4_e2b, tmp_path / "t", lambda t: t.__setitem__(key, t[key].to(dtype)))
+    for fast in (False, True):
+        with pytest.raises(CheckpointError, match=f"tensor {key} is {expected}: the file is not a checkpoint"):
+            load_target(path, fast=fast)
+
+
+def test_a_floating_weight_stored_as_integers_is_refused(tmp_path: Path) -> None:
+    src = write_target(tmp_path / "float", "e2b")
+    key = PREFIX + "layers.0.mlp.up_proj.weight"
+    path = edited(src, tmp_path / "t", lambda t: t.__setitem__(key, t[key].to(torch.int32)))
+    with pytest.raises(CheckpointError, match=f"tensor {key} is stored as I32, expected F64 or F32"):
+        load_target(path)
+
+
+@pytest.mark.parametrize("member", ["self_attn.k_proj", "mlp.up_proj"])
+def test_a_stacked_group_with_one_float_member_runs_on_the_speed_layer(int4_e2b: Path, tmp_path: Path,
+                                                                       member: str) -> None:
+    """An ignore list that leaves one of q/k/v or gate/up floating point: the speed layer multiplies each member
+    alone, and gives the textbook's tokens."""
+    base = PREFIX + f"layers.1.{member}."
+
+    def unquantize(t: dict[str, torch.Tensor]) -> None:
+        t[base + "weight"] = dequantize(t.pop(base + "weight_packed"), t.pop(base + "weight_scale"))
+        del t[base + "weight_shape"]
+    path = edited(int4_e2b, tmp_path / "t", unquantize)
+    textbook, fast = load_target(path), load_target(path, fast=True)
+    assert not isinstance(textbook.get_submodule(f"layers.1.{member}"), Int4Linear)
+    prompt = [2, 5, 17, 99, 300, 41, 5, 17]
+    assert greedy_generate(fast, prompt, 12) == greedy_generate(textbook, prompt, 12)
 
 
 def test_a_dense_head_must_be_the_embedding(int4_e2b: Path, tmp_path: Path) -> None:
