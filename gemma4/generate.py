@@ -28,19 +28,23 @@ class PromptError(ValueError):
 
 
 class NonFiniteLogits(ArithmeticError):
-    """Logits (or a drafter's state) holding a NaN or an infinity: no token can be chosen from them.
-    `what` names the step."""
+    """Logits (or a drafter's state) holding a NaN or +inf: no token can be chosen from them. `what`
+    names the step."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(f"{what} hold a NaN or an infinity: a NaN or infinite weight or scale "
-                         f"in the checkpoint, or a bfloat16 overflow; check the files, or run in "
-                         f"float32")
+        super().__init__(f"{what} hold a NaN or +inf: a NaN or infinite weight or scale in the "
+                         f"checkpoint, or a bfloat16 overflow; check the files, or run in float32")
+
+
+def choosable(values: Tensor) -> Tensor:
+    """(..., V) -> (...,) bool: can a token be chosen from the row? Not where it holds a NaN (argmax
+    would take it for the largest) or +inf; a -inf logit is only a token never chosen."""
+    return ~(values.isnan() | values.isposinf()).any(dim=-1)
 
 
 def check_finite(values: Tensor, what: str) -> None:
-    """Stop where no token can be chosen, naming the step: argmax would take a NaN for the largest
-    logit."""
-    if not torch.isfinite(values).all():
+    """Stop where no token can be chosen (`choosable`), naming the step."""
+    if not choosable(values).all():
         raise NonFiniteLogits(what)
 
 

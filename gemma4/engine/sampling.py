@@ -22,7 +22,7 @@ from torch import Tensor
 from gemma4.sampling import (  # noqa: F401 (the streams and the hash: importable here, beside the rule)
     ACCEPT_STREAM, DRAFT_STREAM, GOLDEN, MASK64, MIX, TOKEN_STREAM, SamplerConfig, finalise, stream_key,
 )
-from gemma4.generate import NonFiniteLogits
+from gemma4.generate import NonFiniteLogits, choosable
 from gemma4.sampling import warp as warp_row
 
 # ---------------------------------------------------------------- warping
@@ -66,7 +66,7 @@ class Sampling:
         tokens = []  # (1,) each until the read
         for x, position in zip(logits, positions):
             # A row with a NaN is drawn from zeros (no read to ask which), its token then NOT_FINITE.
-            finite = torch.isfinite(x).all()
+            finite = choosable(x)
             ids, probs = self.candidates(torch.where(finite, x, 0.0), cfg)
             token = keyed_choice(ids, probs, cfg.seed, stream, position)
             tokens.append(torch.where(finite, token, NOT_FINITE))
@@ -79,15 +79,15 @@ class Sampling:
         return (self.sample(logits[i:i + 1], cfg, stream, [p])[0] for i, p in enumerate(positions))
 
 
-# The token a row gets where its logits hold a NaN or an infinity: computed on the device beside the
+# The token a row gets where its logits hold a NaN or +inf: computed on the device beside the
 # token (no read of its own) and refused where the tokens are read (`refuse_marked`).
 NOT_FINITE = -1
 
 
 def finite_argmax(logits: Tensor) -> Tensor:
-    """logits (..., V) -> (...,) the argmax, or NOT_FINITE in a row that holds a NaN or an infinity (argmax
-    would take a NaN for the largest logit)."""
-    return torch.where(torch.isfinite(logits).all(dim=-1), logits.argmax(dim=-1), NOT_FINITE)
+    """logits (..., V) -> (...,) the argmax, or NOT_FINITE in a row no token can be chosen from (a NaN or
+    +inf: gemma4/generate.py `choosable`)."""
+    return torch.where(choosable(logits), logits.argmax(dim=-1), NOT_FINITE)
 
 
 def refuse_marked(tokens: list[int], what: str) -> None:

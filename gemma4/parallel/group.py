@@ -51,8 +51,8 @@ def fingerprint(model_dir: Path) -> str:
     """A digest of config.json and of every tensor, in name order: its name, dtype, shape and a sample of its
     bytes, the first, middle and last SAMPLE of them. Two checkpoints of one geometry (a base model and its
     -it, a fine-tune) have the same headers, and differ in nearly every weight, so in the samples. The sample
-    costs 12 KiB a tensor (E2B: about 2,000 tensors, 24 MiB of a 10 GB file), where hashing whole files would
-    read all of them on every rank. How the tensors are sharded into files, and the files' metadata, count
+    reads at most 12 KiB a tensor, however large the tensor, where hashing whole files would read every byte
+    on every rank. How the tensors are sharded into files, and the files' metadata, count
     for nothing."""
     digest = hashlib.sha256((model_dir / "config.json").read_bytes())
     entries = []

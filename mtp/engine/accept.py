@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from gemma4.engine.sampling import NOT_FINITE, Sampling, finite_argmax, keyed_choice
+from gemma4.generate import choosable
 from gemma4.sampling import ACCEPT_STREAM, TOKEN_STREAM, SamplerConfig
 from mtp.accept import agree
 from mtp.sample_drafting import keyed_uniform
@@ -32,7 +33,7 @@ def reject_by_rule(rule: Sampling, drafts: list[int], q: Tensor, logits: Tensor,
     """g_0..g_a by the rejection rule (mtp/sample_drafting.py `accept_rejection`) over the rule's
     candidates: p is 0 outside them."""
     # Rows with a NaN are tested and drawn on zeros (no read to ask which); every token read is then NOT_FINITE.
-    finite = torch.isfinite(logits[:len(drafts) + 1]).all()
+    finite = choosable(logits[:len(drafts) + 1]).all()
     logits = torch.where(finite, logits, 0.0)
     tests, redraws = [], []  # (1,) each: is d_i kept; the token drawn if it is not
     for i, d in enumerate(drafts):
@@ -46,7 +47,7 @@ def reject_by_rule(rule: Sampling, drafts: list[int], q: Tensor, logits: Tensor,
     last = newest + 1 + len(drafts)  # the bonus's position
     ids, p = rule.candidates(logits[len(drafts)], sampler)
     bonus = keyed_choice(ids, p, sampler.seed, TOKEN_STREAM, last)
-    # K tests (0 or 1), K redraws, the bonus; all NOT_FINITE where the logits hold a NaN or an infinity.
+    # K tests (0 or 1), K redraws, the bonus; all NOT_FINITE where the logits hold a NaN or +inf.
     read = torch.where(finite, torch.cat([*tests, *redraws, bonus]), NOT_FINITE).tolist()
     a = read.index(0) if 0 in read[:len(drafts)] else len(drafts)
     # The bonus follows the last draft's redraw: read[K + a] is the redraw of d_(a+1), or the bonus.

@@ -12,6 +12,7 @@ from torch import Tensor
 from gemma4.config import FULL, SLIDING
 from gemma4.engine.ring import KV, RingCache
 from gemma4.engine.sampling import NOT_FINITE, Sampling, keyed_choice, rule_of
+from gemma4.generate import choosable
 from gemma4.model import Gemma4Model, LayerInputs, layer_inputs
 from gemma4.sampling import DRAFT_STREAM, SamplerConfig
 from mtp.drafter import Drafter
@@ -48,7 +49,7 @@ def propose_rows(drafter: Drafter, target: Gemma4Model, tokens: list[int], hidde
     finite = torch.ones(len(tokens), 1, dtype=torch.bool, device=hidden.device)  # (B, 1) every state so far
     for j in range(1, k + 1):
         hn, h = drafter.step(target.embed(ids), h, inputs, kv)  # (B, 1, U), (B, 1, E)
-        finite &= torch.isfinite(hn).all(dim=-1)
+        finite &= choosable(hn)
         if samplers is None:
             ids = drafter.greedy_token(hn[:, 0])[:, None]  # (B, 1)
         else:
@@ -56,7 +57,7 @@ def propose_rows(drafter: Drafter, target: Gemma4Model, tokens: list[int], hidde
             probs.append(q)  # (B, V)
         drafted.append(ids)
     q = torch.stack(probs, dim=1) if probs else None  # (B, k, V)
-    # A row whose drafter states held a NaN or an infinity drafts NOT_FINITE, refused when read.
+    # A row whose drafter states held a NaN or +inf drafts NOT_FINITE, refused when read.
     return torch.where(finite, torch.cat(drafted, dim=1), NOT_FINITE), q  # (B, k)
 
 

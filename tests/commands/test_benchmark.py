@@ -13,6 +13,7 @@ import torch
 
 import benchmark
 from bench import device, timing
+from tests.tolerance import RATIO
 from bench.random_pair import assistant_config, target_config
 from cli.threads import SMALL_HIDDEN
 from gemma4 import load_target
@@ -239,8 +240,11 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
         f"K={k}" for k in range(1, 9)}
     assert e2b["cudnn"]["identical_off"] is True and e2b["cudnn"]["identical_on"] is True
     assert e2b["generate"]["identical"] is True and e2b["generate"]["eager_rounds"] is None, e2b["generate"]
-    int4 = e2b["int4"]  # quantized at load: the int4 kernel's tokens are the textbook int4 layers'
-    assert "error" not in int4 and "int4" in int4["kernels"] and int4["greedy_equal_textbook"] is True, int4
+    # Quantized at load: the int4 kernel errs, against the same weights in float32, as the textbook's bf16 layers
+    # do (within tests/tolerance.py's ratio); their bf16 tokens part at near ties (a random pair has many).
+    int4 = e2b["int4"]
+    assert "error" not in int4 and "int4" in int4["kernels"] and int4["speculative_equal_plain"] is True, int4
+    assert int4["error_over_textbook_error"] <= RATIO, int4
     tp1 = e2b["tp1"]  # one rank through the tensor-parallel path: the one-process tokens, every o/down reduced
     assert tp1["greedy_equal_one_process"] is True and tp1["speculative_equal_plain"] is True, tp1
     assert tp1["reduced_modules"] > 0 and tp1["step_tokens_per_s"]["tp1"] > 0, tp1

@@ -51,7 +51,7 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.parametrize("sampler", [None, SAMPLER], ids=["greedy", "sampled"])
 def test_plain_decoding_stops_at_the_prefill(pairs: dict, sampler: SamplerConfig | None) -> None:
     target, _ = pairs["target"]
-    step = f"the target's logits for position {len(PROMPT)} hold a NaN or an infinity"
+    step = f"the target's logits for position {len(PROMPT)} hold a NaN or \\+inf"
     for run in (lambda: sample_generate(target, PROMPT, 8, sampler),  # the textbook
                 lambda: generate_one(target, PROMPT, 8, sampler),  # the engine, one row
                 lambda: decode(target, [PROMPT, PROMPT[:5]], 8, [sampler, sampler])):  # a batch
@@ -91,6 +91,6 @@ def test_the_command_prints_one_line(pairs: dict, capsys: pytest.CaptureFixture)
     target, assistant = pairs["paths"]
     status, out, err = run_inprocess(capsys, ["--target", str(target), "--assistant", str(assistant),
                                               "--prompt-ids", "2,5,17", "--max-new-tokens", "4"])
-    assert_one_line_failure(status, out, err, "error: the target's logits for position 3 hold a NaN or an "
-                                              "infinity: a NaN or infinite weight or scale in the checkpoint, or "
-                                              "a bfloat16 overflow; check the files, or run in float32")
+    assert_one_line_failure(status, out, err, "error: the target's logits for position 3 hold a NaN or +inf: a "
+                                              "NaN or infinite weight or scale in the checkpoint, or a bfloat16 "
+                                              "overflow; check the files, or run in float32")
