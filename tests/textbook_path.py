@@ -28,17 +28,19 @@ HOOK = """
 import json, sys
 from pathlib import Path
 root, calls, seen, depth = Path.cwd().resolve(), set(CALLS), {}, [0]
+prefix, looked = str(root), set()  # looked: the files already placed (a path is resolved once, not per call)
 
 def hook(frame, event, arg):
     code = frame.f_code
     if event == "call":
-        if code.co_name in calls and code.co_filename.startswith(str(root)):
+        if code.co_name in calls and code.co_filename.startswith(prefix):
             depth[0] += 1
-        if depth[0]:
+        if depth[0] and code.co_filename not in looked:
+            looked.add(code.co_filename)
             path = Path(code.co_filename).resolve()
             if path.is_relative_to(root) and path.relative_to(root).parts[0] in PACKAGES:
                 seen.setdefault(str(path.relative_to(root)), None)
-    elif event == "return" and code.co_name in calls and code.co_filename.startswith(str(root)):
+    elif event == "return" and code.co_name in calls and code.co_filename.startswith(prefix):
         depth[0] -= 1
 
 sys.setprofile(hook)

@@ -26,7 +26,9 @@ from mtp.stats import result_of
 from gemma4.engine.forward import forward_rows
 from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
-KS = (1, 2, 3, 4, 6, 8)
+KS = (1, 2, 4, 8)
+# heuristic_transient drafts as heuristic within one call (they differ across calls: its own test below).
+GRID_SCHEDULES = tuple(s for s in SCHEDULES if s != "heuristic_transient")
 
 
 def target_tokenizer(demo: Path) -> Gemma4Tokenizer:
@@ -37,7 +39,7 @@ def target_tokenizer(demo: Path) -> Gemma4Tokenizer:
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("kind", PROMPTS)
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", GRID_SCHEDULES)
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_speculative_equals_plain_greedy(models, shape: str, k: int, schedule: str, kind: str, drafter: str) -> None:  # noqa: ANN001
