@@ -256,8 +256,9 @@ def test_keyed_draws_follow_the_distribution() -> None:
 
 
 
+# heuristic_transient drafts as heuristic within one call: the grid keeps the schedules that differ in a call.
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "heuristic_transient"])
 @pytest.mark.parametrize("k", (1, 3, 6))
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("shape", SHAPES)
