@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 from collections.abc import Collection
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 
@@ -55,18 +56,18 @@ def fingerprint(model_dir: Path) -> str:
     on every rank. How the tensors are sharded into files, and the files' metadata, count
     for nothing."""
     digest = hashlib.sha256((model_dir / "config.json").read_bytes())
-    entries = []
-    for file in sorted(model_dir.glob("*.safetensors")):
-        with open(file, "rb") as f:
+    with ExitStack() as files:
+        entries = []  # (name, the open file, where its data begins, its header entry)
+        for path in sorted(model_dir.glob("*.safetensors")):
+            f = files.enter_context(open(path, "rb"))
             # safetensors: 8 bytes little-endian header length, a JSON header, then the tensors' bytes.
             size = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(size))
-        header.pop("__metadata__", None)
-        entries += [(name, file, 8 + size, entry) for name, entry in header.items()]
-    for name, file, base, entry in sorted(entries, key=lambda e: e[0]):
-        digest.update(json.dumps([name, entry["dtype"], entry["shape"]]).encode())
-        start, end = entry["data_offsets"]
-        with open(file, "rb") as f:
+            header.pop("__metadata__", None)
+            entries += [(name, f, 8 + size, entry) for name, entry in header.items()]
+        for name, f, base, entry in sorted(entries, key=lambda e: e[0]):
+            digest.update(json.dumps([name, entry["dtype"], entry["shape"]]).encode())
+            start, end = entry["data_offsets"]
             for at in sorted({start, (start + end) // 2, max(start, end - SAMPLE)}):
                 f.seek(base + at)
                 digest.update(f.read(min(SAMPLE, end - at)))

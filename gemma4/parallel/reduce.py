@@ -54,6 +54,11 @@ def reduced(cls: type) -> type:
     return _REDUCED[cls]
 
 
+def is_split(model: nn.Module) -> bool:
+    """Whether `model` is a rank's part (`parallelize` made its partial sums reduced), not a whole copy."""
+    return any(isinstance(module, Reduced) for module in model.modules())
+
+
 def parallelize(model: nn.Module) -> int:
     """Make each partial-sum module of a rank's model (target or drafter) a `Reduced` one; returns how many."""
     swapped = 0

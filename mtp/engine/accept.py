@@ -33,7 +33,7 @@ def reject_by_rule(rule: Sampling, drafts: list[int], q: Tensor, logits: Tensor,
     """g_0..g_a by the rejection rule (mtp/sample_drafting.py `accept_rejection`) over the rule's
     candidates: p is 0 outside them."""
     # Rows with a NaN are tested and drawn on zeros (no read to ask which); every token read is then NOT_FINITE.
-    finite = choosable(logits[:len(drafts) + 1]).all()
+    finite = choosable(logits[:len(drafts) + 1]).all()  # () over rows 0..K
     logits = torch.where(finite, logits, 0.0)
     tests, redraws = [], []  # (1,) each: is d_i kept; the token drawn if it is not
     for i, d in enumerate(drafts):

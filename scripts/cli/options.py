@@ -51,7 +51,8 @@ from gemma4.parallel.plan import Shard
 from gemma4.weights import CheckpointError, load_target, resolve_model_dir
 from mtp import SCHEDULES, DraftLength, Drafter, Schedule, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
-from mtp.loading import check_whole_kv, splits
+from gemma4.parallel.reduce import is_split
+from mtp.loading import check_whole_kv
 from mtp.speculative import DRAFTING
 from gemma4.engine.forward import forward_rows
 from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
@@ -394,7 +395,7 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
     drafter = load_drafter(assistant_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet),
                            shard=target.shard)
     # Under torchrun, a drafter whose heads the ranks cannot split runs whole on every rank.
-    whole = target.shard is not None and not splits(drafter.config.text, target.shard.world)
+    whole = target.shard is not None and not is_split(drafter)
     if whole:
         check_whole_kv(target.model.config, drafter.config, target.shard.world)
     check_pair(target.model.config, drafter.config, target.name, name)

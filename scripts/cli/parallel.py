@@ -45,15 +45,18 @@ def mute_other_ranks() -> None:
 
 
 def ranks(device: torch.device) -> Shard | None:
-    """Under torchrun with 2 or more ranks: join them and mute every rank but 0; else None (one process)."""
+    """Under torchrun with 2 or more ranks: join them (the command muted every rank but 0 at its first line,
+    `mute_other_ranks`); else None (one process)."""
     if world_size() < 2:
         return None
     shard = start(device)
     LINES.append(dist.new_group(backend="gloo", timeout=PROMPT_WAIT))
+    # Every rank past joining before any goes on: rank 0 holds the rendezvous store, and a refusal that ends
+    # it at once would otherwise reset a rank still waiting in new_group's store barrier ("lost the others").
+    dist.barrier()
     # Ctrl-C reaches torchrun and every rank, and torchrun ends the run: each rank ends at once (the default
     # action), not in a handler that a rank blocked in a collective would only reach when the others answer.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    mute_other_ranks()
     return shard
 
 
