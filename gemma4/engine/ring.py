@@ -48,6 +48,9 @@ class Slots(NamedTuple):
     end: int  # max_b start_b + T: full layers read positions 0..end-1 of every row
     # Layer type -> the positions of the slots it reads, (1, S) or (B, S).
     key_positions: dict[str, Tensor]
+    # Each row's first position on the host, for the speed layer's attention query by query (gemma4/fast/
+    # attention.py); None where only the device has them (a compiled step's).
+    starts: tuple[int, ...] | None = None
 
 
 class KV(NamedTuple):
@@ -106,7 +109,7 @@ class RingCache:
         # in use.
         full = torch.arange(end, device=device)[None]  # (1, S)
         sliding = self.slot_positions[:, :min(end, self.ring)]  # (B, S)
-        return Slots(index, positions, ring, end, {FULL: full, SLIDING: sliding})
+        return Slots(index, positions, ring, end, {FULL: full, SLIDING: sliding}, tuple(starts.tolist()))
 
     def write(self, layer: int, slots: Slots, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, G, T, D) at the claimed slots; return views of every slot the layer reads

@@ -14,14 +14,18 @@ pages a mapping has read stay resident as long as it lives, and the model's view
   its own buffers are read, and both copies are held.
 """
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
-from gemma4.fast.experts import gather_experts
-from gemma4.fast.int4 import FastInt4Linear, Int4Product, int4_product
+from gemma4.fast.experts import by_token, gather_experts
+from gemma4.fast.int4 import FastInt4Linear, Int4Product, PlannedInt4Linear, int4_product
 from gemma4.fast.kernels import Choice, Product, choose, forced
-from gemma4.fast.modules import FastHead, FastLinear, StackedAttention, StackedMLP
+from gemma4.fast.modules import (FastHead, FastLinear, GateLinear, QueryAttention, RowCentroidHead, StackedAttention,
+                                 StackedMLP, adopt, row_by_row)
 from gemma4.fast.norms import FastRMSNorm
+from gemma4.fast.rows import RowPlan, measure
 from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.fast.staging import StagedRows
 from gemma4.int4 import Int4Linear
@@ -70,16 +74,17 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     (1 row, 2 or more), e.g. ("packed", "packed") or ("mkl", "onednn"), forces those kernels wherever oneDNN can
     (tests force every choice)."""
     choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
+    plans: dict[tuple, tuple[RowPlan, Choice]] = {}  # one measurement per (shape, dtype, kernels): rows.py
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
     for name, keys in todo if progress is None else progress(todo, "preparing the speed layer", len(todo)):
         if isinstance(model.get_submodule(keys[0].removesuffix(".weight")), Int4Linear):
             product, choice = int4_group(model, [key.removesuffix(".weight") for key in keys], read)
-            choices.setdefault((choice.shape, choice.dtype), choice)
             if product is not None:
+                choice = planned(product, choice, plans)
                 _swap_product(model, name, product)
-            else:  # the textbook layers stay, and carry the decision for `kernels_of`
-                for key in keys:
-                    model.get_submodule(key.removesuffix(".weight")).choice = choice
+            else:  # the textbook layers stay, row-planned, and carry the decision for `kernels_of`
+                choice = [dequantizing(model, key.removesuffix(".weight"), choice, plans) for key in keys][0]
+            choices.setdefault((choice.shape, choice.dtype), choice)
             continue
         parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
         # On the CPU, the file's tensors through mappings of their own (see above); on a GPU, the parameters
@@ -107,6 +112,7 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
         else:  # as loaded: a view of the file, or the cast copy
             product = Product(parts[0], False, onednn=choice.onednn, choice=choice)
         del values
+        choices[signature] = planned(product, choice, plans)
         if is_head:
             _swap(model, name, FastHead(product))
         else:
@@ -114,12 +120,29 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     for name, module in list(model.named_modules()):
         if type(module) is RMSNorm:  # the same weight, normed in fewer calls (gemma4/fast/norms.py)
             _swap(model, name, FastRMSNorm(module))
+        elif type(module) is Attention:  # a layer with no stacked product (KV-shared): its queries one by one
+            _swap(model, name, adopt(QueryAttention, module))
+        elif name.endswith("masked_embedding") and not isinstance(module, RowCentroidHead):  # a drafter's
+            _swap(model, name, row_by_row(module))
     device = next(model.parameters()).device.type
     if device != "cpu":
         for_a_device(model, pin=device == "cuda")
+    else:
+        by_token(model)  # a step's tokens through their experts one by one: the decode step's bits
     if device == "cuda":
         choose_attention()
     return list(choices.values())
+
+
+def planned(product: Product | Int4Product, choice: Choice, plans: dict[tuple, tuple[RowPlan, Choice]]) -> Choice:
+    """Give `product` its row plan (gemma4/fast/rows.py), measured once per (shape, dtype, kernels) on the first
+    product of that kind, and return the decision with the plan written in."""
+    key = (choice.shape, choice.dtype, choice.kernels)
+    if key not in plans:
+        plan = measure(product.multiply, product.in_features, product.dtype, product.device)
+        plans[key] = plan, replace(choice, rows=plan.describe())  # one decision object per kind, as before
+    product.plan, product.choice = plans[key]
+    return product.choice
 
 
 def _swap_product(model: nn.Module, name: str, product: Product | Int4Product) -> None:
@@ -131,13 +154,34 @@ def _swap_product(model: nn.Module, name: str, product: Product | Int4Product) -
         _swap(model, name, StackedMLP.replacing(module, product))
     elif isinstance(module, Int4Linear):
         _swap(model, name, FastInt4Linear(module, product))
+    elif name.endswith("per_layer_input_gate"):
+        _swap(model, name, GateLinear(module, product))
     else:
         _swap(model, name, FastLinear(module, product))
 
 
+def dequantizing(model: nn.Module, name: str, choice: Choice, plans: dict[tuple, tuple[RowPlan, Choice]]) -> Choice:
+    """The int4 layer `name`, which no kernel takes, as a `PlannedInt4Linear`: the textbook's dequantizing forward
+    with a row plan measured once per (shape, dtype). Returns its decision, the plan written in."""
+    layer = adopt(PlannedInt4Linear, model.get_submodule(name))
+    key = ((layer.out_features, layer.in_features), choice.dtype, choice.kernels)
+    if key not in plans:
+        multiply = Int4Linear.forward.__get__(layer)  # the textbook's call, without the plan
+        plan = measure(multiply, layer.in_features, dtype_of(model), layer.weight_packed.device)
+        plans[key] = plan, replace(choice, rows=plan.describe())
+    layer.plan, layer.choice = plans[key]
+    _swap(model, name, layer)
+    return layer.choice
+
+
+def dtype_of(model: nn.Module) -> torch.dtype:
+    """The activations' dtype: the embedding's (only a target has int4 layers)."""
+    return model.embed_tokens.weight.dtype
+
+
 def int4_group(model: nn.Module, names: list[str], read: Reader) -> tuple[Int4Product | None, Choice]:
     """The int4 layers `names` (stacked by rows when several) as one int4 product, in the model's dtype."""
-    dtype = model.embed_tokens.weight.dtype  # the activations' dtype: only a target has int4 layers
+    dtype = dtype_of(model)
     words, scales = [], []
     for name in names:
         layer = model.get_submodule(name)

@@ -15,6 +15,9 @@ same sum with shapes fixed by the row count alone:
 Same products as the loop, token by token, summed over the k slots in another order: equal to about 1e-7
 relative in float32 (gemma4/fast/README.md).
 
+On the CPU the loop stays, and `TokenExperts` runs it token by token within a step: a token's expert products then
+have one row, as in a decode step, so a verify or batch row gets the decode step's bits (gemma4/fast/rows.py).
+
 Shape legend: N tokens (B*T), E hidden size, X experts, I expert width, k experts per token.
 """
 
@@ -22,6 +25,7 @@ import torch
 from torch import nn
 
 from gemma4.fast.modules import adopt
+from gemma4.fast.rows import STEP_ROWS
 from gemma4.moe import Experts
 from gemma4.norms import gelu
 
@@ -39,6 +43,25 @@ class GatheredExperts(Experts):
         gate, up = torch.bmm(self.gate_up_proj[chosen], x).squeeze(-1).split(self.width, dim=-1)  # (N*k, I) each
         y = torch.bmm(self.down_proj[chosen], (gelu(gate) * up)[:, :, None]).view(n, k, -1)  # (N, k, E)
         return (y.to(weights.dtype) * weights[:, :, None]).sum(dim=1).to(u.dtype)  # fp32 sum, as the loop's
+
+
+class TokenExperts(Experts):
+    """`Experts.forward`'s loop for one token at a time in a step of up to STEP_ROWS tokens; a prefill loops as one."""
+
+    def forward(self, u: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        n = u.shape[0]
+        if n == 1 or n > STEP_ROWS:
+            return Experts.forward(self, u, weights, experts)
+        rows = [Experts.forward(self, u[i:i + 1], weights[i:i + 1], experts[i:i + 1]) for i in range(n)]
+        return torch.cat(rows)  # (N, E)
+
+
+def by_token(model: nn.Module) -> None:
+    """Swap every `Experts` of `model` for a `TokenExperts` holding the same parameters (the eager CPU model's)."""
+    for name, module in list(model.named_modules()):
+        if type(module) is Experts:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, adopt(TokenExperts, module))
 
 
 def gather_experts(model: nn.Module, rows: int = 0) -> list[tuple[str, Experts]]:

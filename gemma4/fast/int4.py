@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from gemma4.fast.kernels import Choice
+from gemma4.fast.rows import AS_CALLED, by_plan
 from gemma4.int4 import GROUP, Int4Linear, unpack
 
 OFFSET = 8  # the stored nibble is q + 8
@@ -53,7 +54,7 @@ class Int4Product:
     def __init__(self, words: Tensor, scales: Tensor, dtype: torch.dtype, choice: Choice) -> None:
         self.choice = choice
         o, i = words.shape[0], words.shape[1] * 8
-        self.shape, self.dtype, self.in_features = (o, i), dtype, i
+        self.shape, self.dtype, self.in_features, self.device = (o, i), dtype, i, words.device
         self.kernel = int4_kernel(o, i, dtype, words.device)  # "cpu" or "cuda"
         # Not oneDNN's: nothing for `--compile`'s preparation to make plain (gemma4/fast/static.py).
         self.packed, self.onednn = False, (False, False)
@@ -66,9 +67,14 @@ class Int4Product:
             pairs = (stored[:, ::2] << 4 | stored[:, 1::2]).to(torch.uint8)  # (O, I/2): element 2j high, 2j+1 low
             self.layout = torch.ops.aten._convert_weight_to_int4pack(pairs, inner_tiles(i))
         self.sz = sz
+        self.plan = AS_CALLED  # how a step's rows are cut for row-invariant bits: measured by make_fast (rows.py)
 
     def __call__(self, x: Tensor) -> Tensor:
-        """x (..., I) -> (..., O)."""
+        """x (..., I) -> (..., O), each row of a step with the bits it has in any other step (`plan`)."""
+        return by_plan(self.multiply, x, self.plan, self.shape[0])
+
+    def multiply(self, x: Tensor) -> Tensor:
+        """x (..., I) -> (..., O) in one call to the kernel."""
         rows = x.reshape(-1, self.in_features)  # (N, I)
         if self.kernel == "cpu":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.layout, GROUP, self.sz)
@@ -93,6 +99,14 @@ def int4_product(words: Tensor, scales: Tensor, dtype: torch.dtype) -> tuple[Int
         return None, Choice((o, i), "int4 " + name, ("dequantize", "dequantize"), why)
     choice = Choice((o, i), "int4 " + name, ("int4", "int4"), f"torch's int4 kernel on {words.device.type}")
     return Int4Product(words, scales, dtype, choice), choice
+
+
+class PlannedInt4Linear(Int4Linear):
+    """An int4 layer no kernel takes (its sizes): the textbook's dequantize-then-multiply, a step's rows cut by a
+    measured row plan (gemma4/fast/rows.py) as every product of the speed layer is. Still an `Int4Linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return by_plan(super().forward, x, self.plan, self.out_features)  # (..., I) -> (..., O)
 
 
 class FastInt4Linear(nn.Module):

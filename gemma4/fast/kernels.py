@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from gemma4.fast.rows import AS_CALLED, by_plan
+
 VERIFY_ROWS = 5  # K + 1 for the default K = 4: the rows of the default verify
 PACK_MIN = 2 ** 20  # elements (4 MiB in float32): from here on a packed weight is packed; below it, plain
 NO_KERNEL = "no oneDNN kernel for this device or dtype"
@@ -50,14 +52,20 @@ class Product:
                  choice: "Choice | None" = None) -> None:
         self.choice = choice  # the decision it was made by, for reports
         self.shape, self.dtype, self.packed = tuple(weight.shape), weight.dtype, packed  # (O, I)
+        self.device = weight.device
         self.in_features = weight.shape[1]  # I: more input numbers than that is more than 1 row
         self.onednn = (True, True) if packed else onednn  # (1 row, 2 or more rows)
         # oneDNN's operand. Packed: the opaque layout (no views, no autograd, no storage). Plain: the weight (O, I).
         self.weight = block(weight) if packed else weight
         self.operand = self.weight if packed else weight.t()  # MKL's: the (I, O) transpose, a view
+        self.plan = AS_CALLED  # how a step's rows are cut for row-invariant bits: measured by make_fast (rows.py)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., I) -> (..., O)."""
+        """x (..., I) -> (..., O), each row of a step with the bits it has in any other step (`plan`)."""
+        return by_plan(self.multiply, x, self.plan, self.shape[0])
+
+    def multiply(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., I) -> (..., O) in one call to the kernel."""
         if self.onednn[x.numel() > self.in_features]:  # [0]: 1 row, a decode step; [1]: a verify or a prefill
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
         return torch.matmul(x, self.operand)  # (..., I) @ (I, O): one call from Python, folded into one mm
@@ -77,6 +85,7 @@ class Choice:
     dtype: str
     kernels: tuple[str, str]  # the kernel for 1 row and for 2 or more, each of KERNELS
     why: str
+    rows: str = ""  # how a step's rows are cut so that each gets the same bits (rows.py), once measured
 
     def __post_init__(self) -> None:
         if self.kernels.count("packed") == 1 or not set(self.kernels) <= set(KERNELS):

@@ -6,7 +6,11 @@ computes (gemma4/model.py), through prepared products (gemma4/fast/kernels.py).
 - `StackedAttention` multiplies q, k and v (q and k on K=V layers) by one stacked product and normalises all
   heads with one (H+2K, D) table: q_norm's weight on the query heads, k_norm's on the key heads, 1 on the
   value heads (v_norm has no weight). One call each instead of three; each head's numbers as if done apart.
+- `QueryAttention` attends query by query within a step (gemma4/fast/attention.py); every attention layer of a
+  fast model is one.
 - `StackedMLP` multiplies gate and up by one product.
+- `GateLinear` is the PLE gate's `FastLinear`, its rows returned apart so the gelu after it runs row by row.
+- `RowCentroidHead` scores a drafter's candidate tokens row by row.
 - `FastHead` replaces the tied head: a product of the embedding's weight.
 Each keeps the parameters and submodules of the module it replaces, so the state dict is the checkpoint's.
 They are for inference: products are copies or views made once, which autograd does not reach, so a forward
@@ -15,9 +19,13 @@ that would train raises (load with `fast=False` to train).
 Shape legend: B batch, T new tokens, H query heads, K kv heads, D head dim, E hidden, W MLP width.
 """
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from gemma4.fast.attention import attend_by_query, step_starts
 from gemma4.fast.int4 import Int4Product
 from gemma4.fast.kernels import Product
 from gemma4.model import MLP, Attention, LayerInputs, apply_rope
@@ -53,6 +61,42 @@ class FastLinear(nn.Module):
     __call__ = forward  # no hook dispatch, see above
 
 
+class GateLinear(FastLinear):
+    """The PLE gate (`per_layer_input_gate`), whose output goes through gelu: returned as a view whose rows sit
+    apart in memory, so gelu runs row by row. Torch's CPU loops finish a contiguous run that is not a whole number
+    of vectors with scalar code, and float32 gelu's scalar code rounds otherwise than its vector code: on a narrow
+    gate (width under 32) a decode step's single row takes the scalar path and a verify's rows the vector one.
+    Row by row, every row takes the same path in any step. A gate whose width is a multiple of 64 is returned as
+    it is (every real release's: 256)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)  # (..., P)
+        width = out.shape[-1]
+        if width % 64 == 0:
+            return out
+        return F.pad(out, (0, 64 - width % 64))[..., :width]  # (..., P), rows 64k apart
+
+    __call__ = forward
+
+
+class RowCentroidHead:
+    """Mixed into the drafter's centroid head by the speed layer (mtp/drafter.py `CentroidHead`): the scores of
+    each row's candidate tokens by a product of its own. One batched product over B rows (`bmm`) gives a row
+    other bits in float32 than the same row alone, so a batch row would draft otherwise than its solo run."""
+
+    def scored_tokens(self, hn: torch.Tensor, head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hn (B, U), head (V, U) -> token ids (B, N*V/C) and their scores, row by row."""
+        alone = super().scored_tokens
+        rows = [alone(hn[b:b + 1], head) for b in range(hn.shape[0])]
+        return torch.cat([ids for ids, _ in rows]), torch.cat([scores for _, scores in rows])
+
+
+def row_by_row(head: nn.Module) -> nn.Module:
+    """A drafter's centroid head (gemma4 never imports mtp: its class is taken from the instance) with
+    `RowCentroidHead`'s scores: the same parameters and buffers."""
+    return adopt(type("RowCentroidHead", (RowCentroidHead, type(head)), {}), head)
+
+
 class FastHead(nn.Module):
     def __init__(self, product: Product) -> None:
         super().__init__()
@@ -70,7 +114,23 @@ def adopt(cls: type, plain: nn.Module) -> nn.Module:
     return fast
 
 
-class StackedAttention(Attention):
+class QueryAttention(Attention):
+    """An attention layer whose queries of one step attend one by one (gemma4/fast/attention.py), so a verify
+    row or a batch row has the bits of the decode step at its position."""
+
+    def forward(self, x: torch.Tensor, inp: LayerInputs, cache: Any = None, at: Any = None,
+                shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """As Attention.forward: x (B, T, E) -> (B, T, E), and the K/V it read (B, G, S, D)."""
+        q, k, v = self.project(x, inp)
+        if self.shared:
+            k, v = shared_kv
+        elif cache is not None:
+            k, v = cache.write(self.layer, at, k, v)
+        return self.o_proj(attend_by_query(q, k, v, inp.mask, step_starts(at))), (k, v)
+
+
+class StackedAttention(QueryAttention):
     @classmethod
     def replacing(cls, plain: Attention, qkv: Product | Int4Product) -> "StackedAttention":
         fast = adopt(cls, plain)

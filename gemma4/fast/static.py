@@ -148,8 +148,8 @@ def plain_products(model: nn.Module, head: torch.Tensor) -> None:
     lowers oneDNN's product only on weights it packed itself, and fails on the op given to it. The same numbers,
     summed in another order (gemma4/fast/README.md)."""
     for module in model.modules():
-        name = {StackedAttention: "qkv", StackedMLP: "gate_up", FastLinear: "product", FastHead: "product"}.get(
-            type(module))
+        kinds = ((StackedAttention, "qkv"), (StackedMLP, "gate_up"), (FastLinear, "product"), (FastHead, "product"))
+        name = next((attribute for kind, attribute in kinds if isinstance(module, kind)), None)  # GateLinear too
         # int4 products (gemma4/fast/int4.py) are torch's own int4 op, which inductor lowers as it is.
         if name is None or not (getattr(module, name).packed or any(getattr(module, name).onednn)):
             continue
