@@ -14,7 +14,9 @@ pages a mapping has read stay resident as long as it lives, and the model's view
   its own buffers are read, and both copies are held.
 """
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,8 +24,8 @@ from torch import nn
 from gemma4.fast.experts import by_token, gather_experts
 from gemma4.fast.int4 import FastInt4Linear, Int4Product, PlannedInt4Linear, int4_product
 from gemma4.fast.kernels import Choice, Product, choose, forced
-from gemma4.fast.modules import (FastHead, FastLinear, GateLinear, QueryAttention, RowCentroidHead, StackedAttention,
-                                 StackedMLP, adopt, row_by_row)
+from gemma4.fast.modules import (FastHead, FastLinear, GateLinear, QueryAttention, StackedAttention, StackedMLP, adopt,
+                                 row_by_row)
 from gemma4.fast.norms import FastRMSNorm
 from gemma4.fast.rows import RowPlan, measure
 from gemma4.fast.sampling import WHOLE_ROWS
@@ -74,16 +76,17 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     (1 row, 2 or more), e.g. ("packed", "packed") or ("mkl", "onednn"), forces those kernels wherever oneDNN can
     (tests force every choice)."""
     choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
-    plans: dict[tuple, tuple[RowPlan, Choice]] = {}  # one measurement per (shape, dtype, kernels): rows.py
+    described: dict[tuple, Choice] = {}  # one decision object per (shape, dtype, kernels), its row plan written in
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
     for name, keys in todo if progress is None else progress(todo, "preparing the speed layer", len(todo)):
         if isinstance(model.get_submodule(keys[0].removesuffix(".weight")), Int4Linear):
             product, choice = int4_group(model, [key.removesuffix(".weight") for key in keys], read)
             if product is not None:
-                choice = planned(product, choice, plans)
+                choice = planned(product, product.multiply, choice.shape, product.dtype, product.device,
+                                 choice, described)
                 _swap_product(model, name, product)
             else:  # the textbook layers stay, row-planned, and carry the decision for `kernels_of`
-                choice = [dequantizing(model, key.removesuffix(".weight"), choice, plans) for key in keys][0]
+                choice = [dequantizing(model, key.removesuffix(".weight"), choice, described) for key in keys][0]
             choices.setdefault((choice.shape, choice.dtype), choice)
             continue
         parts = [model.get_parameter(key) for key in keys]  # one group at a time: a replaced cast is freed early
@@ -112,7 +115,8 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
         else:  # as loaded: a view of the file, or the cast copy
             product = Product(parts[0], False, onednn=choice.onednn, choice=choice)
         del values
-        choices[signature] = planned(product, choice, plans)
+        choices[signature] = planned(product, product.multiply, choice.shape, product.dtype, product.device, choice,
+                                     described)
         if is_head:
             _swap(model, name, FastHead(product))
         else:
@@ -122,7 +126,7 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
             _swap(model, name, FastRMSNorm(module))
         elif type(module) is Attention:  # a layer with no stacked product (KV-shared): its queries one by one
             _swap(model, name, adopt(QueryAttention, module))
-        elif name.endswith("masked_embedding") and not isinstance(module, RowCentroidHead):  # a drafter's
+        elif name.endswith("masked_embedding"):  # a drafter's centroid head
             _swap(model, name, row_by_row(module))
     device = next(model.parameters()).device.type
     if device != "cpu":
@@ -134,15 +138,22 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
     return list(choices.values())
 
 
-def planned(product: Product | Int4Product, choice: Choice, plans: dict[tuple, tuple[RowPlan, Choice]]) -> Choice:
-    """Give `product` its row plan (gemma4/fast/rows.py), measured once per (shape, dtype, kernels) on the first
-    product of that kind, and return the decision with the plan written in."""
-    key = (choice.shape, choice.dtype, choice.kernels)
-    if key not in plans:
-        plan = measure(product.multiply, product.in_features, product.dtype, product.device)
-        plans[key] = plan, replace(choice, rows=plan.describe())  # one decision object per kind, as before
-    product.plan, product.choice = plans[key]
-    return product.choice
+# Row plans measured in this process (gemma4/fast/rows.py): a plan depends on the kernel, the shape, the dtype, the
+# device and the thread count alone, so a second model with the same products is not measured again.
+PLANS: dict[tuple, RowPlan] = {}
+
+
+def planned(prepared: Any, multiply: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, int],
+            dtype: torch.dtype, device: torch.device, choice: Choice, described: dict[tuple, Choice]) -> Choice:
+    """Give `prepared` (a product, or an int4 layer no kernel takes) the row plan of `multiply`, its one-call
+    product of weight shape (O, I) for activations of `dtype` on `device`, and its decision with the plan written
+    in, one object per kind."""
+    key = (shape, dtype, choice.kernels, device.type, torch.get_num_threads())
+    if key not in PLANS:
+        PLANS[key] = measure(multiply, shape[1], dtype, device)
+    prepared.plan = PLANS[key]
+    prepared.choice = described.setdefault(key[:3], replace(choice, rows=prepared.plan.describe()))
+    return prepared.choice
 
 
 def _swap_product(model: nn.Module, name: str, product: Product | Int4Product) -> None:
@@ -160,18 +171,15 @@ def _swap_product(model: nn.Module, name: str, product: Product | Int4Product) -
         _swap(model, name, FastLinear(module, product))
 
 
-def dequantizing(model: nn.Module, name: str, choice: Choice, plans: dict[tuple, tuple[RowPlan, Choice]]) -> Choice:
+def dequantizing(model: nn.Module, name: str, choice: Choice, described: dict[tuple, Choice]) -> Choice:
     """The int4 layer `name`, which no kernel takes, as a `PlannedInt4Linear`: the textbook's dequantizing forward
-    with a row plan measured once per (shape, dtype). Returns its decision, the plan written in."""
+    with a row plan. Returns its decision, the plan written in."""
     layer = adopt(PlannedInt4Linear, model.get_submodule(name))
-    key = ((layer.out_features, layer.in_features), choice.dtype, choice.kernels)
-    if key not in plans:
-        multiply = Int4Linear.forward.__get__(layer)  # the textbook's call, without the plan
-        plan = measure(multiply, layer.in_features, dtype_of(model), layer.weight_packed.device)
-        plans[key] = plan, replace(choice, rows=plan.describe())
-    layer.plan, layer.choice = plans[key]
+    multiply = Int4Linear.forward.__get__(layer)  # the textbook's call, without the plan
+    shape = (layer.out_features, layer.in_features)
+    choice = planned(layer, multiply, shape, dtype_of(model), layer.weight_packed.device, choice, described)
     _swap(model, name, layer)
-    return layer.choice
+    return choice
 
 
 def dtype_of(model: nn.Module) -> torch.dtype:

@@ -7,10 +7,12 @@ and 3 rows agree with each other and 4 or more do not. Where the bits differ, a 
 decode step's at the same position in the last bits, and at a near tie the argmax, so speculative decoding
 would commit another token than plain decoding.
 
-The cure is measured, not assumed, once per (shape, dtype, kernel) when the model loads (`measure`): rows of
-random numbers are multiplied alone and among 1 to 63 others, at other places, at the row counts of `MEASURED`. The longest run of row counts [least, most] that all give the same bits is the product's
-`RowPlan`: a call of fewer than `least` rows is padded with zero rows up to `least`, a call of more than `most`
-rows (up to `STEP_ROWS`) runs in pieces of at most `most` rows, each padded likewise. Every row of a step then
+The cure is measured, not assumed, when a model loads (`measure`; once a process per shape, dtype, kernel and
+thread count, gemma4/fast/apply.py `PLANS`): rows of random numbers are multiplied alone and among 1 to 63
+others, at other places, at the row counts of `MEASURED`. The longest run of row counts [least, most] that all
+give the same bits is the product's `RowPlan`: a call of fewer than `least` rows is padded with zero rows up to
+`least`, a call of more than `most` rows (up to `STEP_ROWS`) runs in pieces of at most `most` rows, each padded
+likewise. Every row of a step then
 gets the bits of that one run of row counts, and so do the decode's single row and each row of a verify.
 A measurement, not a timing: the same machine gives the same bits, so the same plan, on every load.
 
@@ -28,8 +30,8 @@ from torch import Tensor
 STEP_ROWS = 64  # the most rows a decode or verify step multiplies: a verify of 63 drafts (the ring's slack)
 # The row counts measured: every count a default verify reaches (K <= 8), then enough to see the run go on.
 MEASURED = (*range(1, 17), 24, 32, 48, 64)
-SAMPLES = 2 ** 14  # results of one row compared between row counts, at least (a product of O outputs: 16384 / O blocks)
-MAX_BLOCKS = 64
+SAMPLES = 2 ** 14  # results compared at 1 row, at least: a product of O outputs measures 16384 / O blocks,
+MAX_BLOCKS = 64  # and at most this many
 
 
 @dataclass(frozen=True)
@@ -73,13 +75,14 @@ def measure(multiply: Callable[[Tensor], Tensor], in_features: int, dtype: torch
         shared = slice(middle[fewer].start - middle[more].start, middle[fewer].stop - middle[more].start)
         return all(torch.equal(a, b[shared]) for a, b in zip(out[fewer], out[more]))
 
-    plan, best, start = RowPlan(1, 1), (0, 0), 0  # `start`: where the current run of equal bits began
+    def better(plan: RowPlan) -> tuple[int, int]:
+        return plan.most - plan.least + 1, -plan.least  # a longer run first, then fewer pad rows
+
+    plan, start = RowPlan(1, 1), 0  # `start`: where the current run of equal bits began, in MEASURED
     for i, n in enumerate(MEASURED):
         if not agree(MEASURED[start], n):
             start = i
-        run = (n - MEASURED[start] + 1, -MEASURED[start])  # longer first, then fewer pad rows
-        if run > best:
-            best, plan = run, RowPlan(MEASURED[start], n)
+        plan = max(plan, RowPlan(MEASURED[start], n), key=better)
     return plan
 
 

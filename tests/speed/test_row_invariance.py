@@ -51,12 +51,6 @@ def assert_rows_invariant(call, in_features: int, dtype: torch.dtype, seed: int 
         assert torch.equal(call(x)[0], alone), f"{m} rows"
 
 
-def planned(multiply, in_features: int, dtype: torch.dtype):  # noqa: ANN001, ANN201
-    """A product called as the speed layer calls it: cut by the plan measured on it."""
-    plan = measure(multiply, in_features, dtype, torch.device("cpu"))
-    return lambda x: in_pieces(multiply, x, plan) if x.shape[0] < plan.least or x.shape[0] > plan.most else multiply(x)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("name", list(E2B))
@@ -72,8 +66,8 @@ def test_products_are_row_invariant(name: str, kernel: str, dtype: torch.dtype) 
     assert_rows_invariant(product, weight.shape[1], dtype)
 
 
-@pytest.mark.parametrize(("name", "dtype"), [("q/k/v, sliding", torch.float32), ("q/k/v, sliding", torch.bfloat16),
-                                             ("down", torch.bfloat16)], ids=["qkv-float32", "qkv-bfloat16", "down-bfloat16"])
+@pytest.mark.parametrize(("name", "dtype"), [("PLE gate", torch.float32), ("q/k/v, sliding", torch.bfloat16),
+                                             ("down", torch.bfloat16)], ids=["ple-float32", "qkv-bfloat16", "down-bfloat16"])
 def test_int4_products_are_row_invariant(name: str, dtype: torch.dtype) -> None:
     o, i = E2B[name]
     generator = torch.Generator().manual_seed(0)
