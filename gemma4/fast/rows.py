@@ -12,8 +12,8 @@ thread count, gemma4/fast/apply.py `PLANS`): rows of random numbers are multipli
 others, at other places, at the row counts of `MEASURED`. The longest run of row counts [least, most] that all
 give the same bits is the product's `RowPlan`: a call of fewer than `least` rows is padded with zero rows up to
 `least`, a call of more than `most` rows (up to `STEP_ROWS`) runs in pieces of at most `most` rows, each padded
-likewise. Every row of a step then
-gets the bits of that one run of row counts, and so do the decode's single row and each row of a verify.
+likewise. Every row of a step then gets the bits of that one run of row counts, and so do the decode's single
+row and each row of a verify.
 A measurement, not a timing: the same machine gives the same bits, so the same plan, on every load.
 
 Calls of more than `STEP_ROWS` rows (a prefill's chunk) run as one call: no step is that long.
