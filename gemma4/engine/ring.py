@@ -18,6 +18,7 @@ one row; this one serves many rows and long contexts.
 
 Shape legend: B batch, G kv heads, T new tokens, S slots read, D head dim, R ring slots."""
 
+import copy
 from typing import NamedTuple
 
 import torch
@@ -79,6 +80,16 @@ class RingCache:
             self.keys[i] = torch.zeros(shape, dtype=dtype, device=device)
             self.values[i] = torch.zeros(shape, dtype=dtype, device=device)
         self.slot_positions = torch.full((batch, self.ring), EMPTY, device=device)  # (B, R)
+
+    def row(self, b: int) -> "RingCache":
+        """Batch row b as a one-row cache whose buffers are views of this one's: what a forward writes through
+        it lands in row b. Its `length` is its own (the loop sets this cache's)."""
+        one = copy.copy(self)
+        one.keys = {i: k[b:b + 1] for i, k in self.keys.items()}  # (1, G, S_alloc, D) views
+        one.values = {i: v[b:b + 1] for i, v in self.values.items()}
+        one.slot_positions = self.slot_positions[b:b + 1]  # (1, R)
+        one.length = self.length[b:b + 1].clone()
+        return one
 
     def allocate(self, layer: int) -> int:
         """The slots a layer's buffers get at first: all it may hold, the ring or the capacity (a

@@ -2,10 +2,11 @@
 `Request` per prompt, checked; one cache for them all; step 0, the prefill; and how a row's token is chosen.
 
 Many prompts (mtp/README.md §12): every row keeps its own positions from 0 (`cache.length` and `start_pos` are (B,),
-one prompt is B = 1), no left padding. Ragged prompts run together right-padded: a row's pads sit past its prompt,
-in slots the causal mask hides and its next writes overwrite. Row b chooses every token as its run alone would
-(`choose`, its own sampler), at its own positions, so its tokens are its solo run's (float32: a batched forward
-only reduces in another order, ~1e-6 relative). A conversation hands a loop its cache, holding K/V for the first
+one prompt is B = 1), no left padding. Each row's prompt is prefilled as its solo run's would be; after that, ragged
+rows step together, right-padded: a row's pads sit past its prompt, in slots the causal mask hides and its next
+writes overwrite. Row b chooses every token as its run alone would (`choose`, its own sampler), at its own
+positions, so its tokens are its solo run's: with the same logits bits on the speed layer (a step of up to
+STEP_ROWS rows, gemma4/fast/rows.py), in the textbook's modules up to a batched forward's other order of sums. A conversation hands a loop its cache, holding K/V for the first
 cache.length ids of the prompt (the prefix shared with the previous turn): only the rest is prefilled.
 
 Shape legend: B rows, T new tokens per row, V vocab, E hidden."""
@@ -63,10 +64,11 @@ def prefill(model: Gemma4Model, cache: RingCache, prompts: Sequence[list[int]], 
 
     A cache whose length is n > 0 (one row: a conversation's) already holds prompt[:n]'s K/V: only prompt[n:] runs,
     and K/V depend only on the ids before them. The prompts run in chunks of at most `chunk` positions
-    (PREFILL_CHUNK, at most the cache's slack), all rows in each forward, right-padded; each chunk reads the K/V
-    the earlier ones wrote, so a prefill's extra memory grows with the prompt only through the full layers' cache. A
-    row whose prompt is done re-runs its last token (the same K/V) rather than writing pads past its length: the
-    rings stay exact (gemma4/README.md §15). `media`: the prompts' soft embeddings (gemma4/engine/media.py), which say
+    (PREFILL_CHUNK, at most the cache's slack); each chunk reads the K/V the earlier ones wrote, so a prefill's
+    extra memory grows with the prompt only through the full layers' cache. Several rows run one after another,
+    each as it would alone; with media, all rows in each forward, right-padded, and a row whose prompt is done
+    re-runs its last token (the same K/V) rather than writing pads past its length: the rings stay exact
+    (gemma4/README.md §15). `media`: the prompts' soft embeddings (gemma4/engine/media.py), which say
     where a chunk may end and what each forward replaces."""
     chunk = PREFILL_CHUNK if chunk is None else chunk
     if chunk < 1:
@@ -74,6 +76,14 @@ def prefill(model: Gemma4Model, cache: RingCache, prompts: Sequence[list[int]], 
     lengths, first = [len(p) for p in prompts], int(cache.length.max())
     if first >= lengths[0] or (first and len(prompts) > 1):  # the newest token must run: its logits choose the next
         raise ValueError(f"a cache may hold 0..{lengths[0] - 1} of the prompt's ids, one row only, not {first}")
+    if len(prompts) > 1 and media is None:
+        # Row by row, each through a one-row view of the cache: a row's prefill is then its solo run's, call for
+        # call, so the speed layer gives it the solo run's bits (a forward of several rows multiplies them
+        # together, and a kernel's bits follow the row count: gemma4/fast/rows.py). Its steps after need nothing:
+        # each row of a step already gets the bits it has alone. Media keep one forward for all rows.
+        alone = [prefill(model, cache.row(b), [prompt], chunk) for b, prompt in enumerate(prompts)]
+        cache.length = torch.tensor(lengths)
+        return torch.cat([logits for logits, _ in alone]), torch.cat([last for _, last in alone])  # (B, V), (B, E)
     chunk = min(chunk, cache.slack)
     while first < max(lengths):
         t = min(chunk, max(lengths) - first)

@@ -23,7 +23,7 @@ from torch import nn
 
 from gemma4.fast.experts import by_token, gather_experts
 from gemma4.fast.int4 import FastInt4Linear, Int4Product, PlannedInt4Linear, int4_product
-from gemma4.fast.kernels import Choice, Product, choose, forced
+from gemma4.fast.kernels import Choice, Product, choose, forced, library_of
 from gemma4.fast.modules import (FastHead, FastLinear, GateLinear, QueryAttention, StackedAttention, StackedMLP, adopt,
                                  row_by_row)
 from gemma4.fast.norms import FastRMSNorm
@@ -150,7 +150,7 @@ def planned(prepared: Any, multiply: Callable[[torch.Tensor], torch.Tensor], sha
     in, one object per kind."""
     key = (shape, dtype, choice.kernels, device.type, torch.get_num_threads())
     if key not in PLANS:
-        PLANS[key] = measure(multiply, shape[1], dtype, device)
+        PLANS[key] = measure(multiply, shape[1], dtype, device, library_of(choice, dtype, device))
     prepared.plan = PLANS[key]
     prepared.choice = described.setdefault(key[:3], replace(choice, rows=prepared.plan.describe()))
     return prepared.choice

@@ -19,6 +19,7 @@ Shape legend: B rows, T queries a row, H query heads, G kv heads, S key slots, D
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from gemma4.engine.ring import Slots
@@ -41,10 +42,13 @@ def attend_by_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, starts: tuple
     if starts is None or b * t == 1 or b * t > STEP_ROWS:
         return attend(q, k, v, mask)
     s = k.shape[2]
+    q = q.transpose(1, 2)  # (B, H, T, D): a query's slice (1, H, 1, D) is the view `attend` gives a decode step
     out = []
     for row in range(b):
+        one = slice(row, row + 1)
         for j in range(t):
             n = min(starts[row] + j + 1, s)  # a decode step at position p reads min(p + 1, S) slots
-            out.append(attend(q[row:row + 1, j:j + 1], k[row:row + 1, :, :n], v[row:row + 1, :, :n],
-                              mask[row:row + 1, :, j:j + 1, :n]))  # (1, 1, H*D)
-    return torch.cat(out).view(b, t, -1)
+            out.append(F.scaled_dot_product_attention(q[one, :, j:j + 1], k[one, :, :n], v[one, :, :n],
+                                                      attn_mask=mask[one, :, j:j + 1, :n], scale=1.0,
+                                                      enable_gqa=True))  # (1, H, 1, D): `attend`'s own call
+    return torch.cat(out).view(b, t, -1)  # (B*T, H, 1, D) -> (B, T, H*D)

@@ -16,6 +16,7 @@
 Shape legend: N rows (tokens), I in features, O out features.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -30,6 +31,9 @@ NO_KERNEL = "no oneDNN kernel for this device or dtype"
 # torch's int4 kernel, or the textbook layer dequantizing each call.
 KERNELS = ("mkl", "onednn", "packed", "int4", "dequantize")
 ROWS_HINT = 8  # the row count oneDNN picks its layout for: verifies multiply 2-9 rows, a decode step 1
+# torch hands a CPU bfloat16 `mm` of more multiply-adds than this (N * I * O) to oneDNN, a smaller one to its own
+# gemm (aten/src/ATen/native/mkldnn/Matmul.cpp, `mkldnn_gemm_min_size`): a tiny product changes library with N.
+MATMUL_ONEDNN_MIN = 16 ** 3
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
@@ -104,6 +108,23 @@ class Choice:
     def as_dict(self) -> dict[str, Any]:
         """The fields and what they imply, for a JSON report (scripts/benchmark.py)."""
         return {f.name: getattr(self, f.name) for f in fields(self)} | {"packed": self.packed}
+
+
+def library_of(choice: Choice, dtype: torch.dtype, device: torch.device) -> Callable[[int], str]:
+    """n -> the library a call of n rows of `choice`'s product runs in, as far as the dispatch is known: its
+    kernel for 1 row or for more; and a `torch.matmul` (or the dequantizing layer's `F.linear`) in bfloat16 of at
+    most MATMUL_ONEDNN_MIN multiply-adds in torch's own gemm, a larger one in oneDNN. The two round alike so often
+    that measuring alone could miss it: rows.py `measure` keeps a plan's calls in the 1-row call's library."""
+    out_features, in_features = choice.shape
+    onednn_bf16 = (dtype == torch.bfloat16 and device.type == "cpu" and torch.backends.mkldnn.is_available()
+                   and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+    def library(n: int) -> str:
+        kernel = choice.kernels[n > 1]
+        if kernel in ("mkl", "dequantize") and onednn_bf16 and n * in_features * out_features > MATMUL_ONEDNN_MIN:
+            return "onednn"
+        return kernel
+    return library
 
 
 def _described(weight: torch.Tensor) -> tuple[tuple[int, int], str]:

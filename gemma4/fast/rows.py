@@ -10,7 +10,7 @@ would commit another token than plain decoding.
 The cure is measured, not assumed, when a model loads (`measure`; once a process per shape, dtype, kernel and
 thread count, gemma4/fast/apply.py `PLANS`): rows of random numbers are multiplied alone and among 1 to 63
 others, at other places, at the row counts of `MEASURED`. The longest run of row counts [least, most] that all
-give the same bits is the product's `RowPlan`: a call of fewer than `least` rows is padded with zero rows up to
+give the same bits, within the library the 1-row call runs in (`measure`), is the product's `RowPlan`: a call of fewer than `least` rows is padded with zero rows up to
 `least`, a call of more than `most` rows (up to `STEP_ROWS`) runs in pieces of at most `most` rows, each padded
 likewise. Every row of a step then gets the bits of that one run of row counts, and so do the decode's single
 row and each row of a verify.
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 STEP_ROWS = 64  # the most rows a decode or verify step multiplies: a verify of 63 drafts (the ring's slack)
@@ -52,15 +53,19 @@ class RowPlan:
 AS_CALLED = RowPlan(1, STEP_ROWS)
 
 
-def measure(multiply: Callable[[Tensor], Tensor], in_features: int, dtype: torch.dtype,
-            device: torch.device) -> RowPlan:
+def measure(multiply: Callable[[Tensor], Tensor], in_features: int, dtype: torch.dtype, device: torch.device,
+            library: Callable[[int], str] = lambda n: "") -> RowPlan:
     """The plan for `multiply` (N, I) -> (N, O): the longest run of `MEASURED` row counts that give each row the
-    same bits (ties: the fewer pad rows).
+    same bits (ties: the fewer pad rows), never two counts that `library` says run in other libraries.
 
     Each row count n multiplies the n middle rows of one block of STEP_ROWS random rows, so a row sits at another
     place in each call and among other neighbours. Two counts agree when every row they share has the same bits.
     Two kernels that sum in other orders can still round most results alike (in bfloat16 most of the time), so
-    the blocks are repeated until about `SAMPLES` results of one row have been compared (at most `MAX_BLOCKS`)."""
+    the blocks are repeated until about `SAMPLES` results of one row have been compared (at most `MAX_BLOCKS`).
+    Where a call moves to another library at some row count, the two may round alike far more often still (one
+    result in 400,000 differed for a tiny bfloat16 product): what is known of the dispatch, `library(n)`, splits
+    the runs before any bits are compared (gemma4/fast/kernels.py `library_of`), and a run in the 1-row call's
+    library is preferred (`better`)."""
     generator = torch.Generator().manual_seed(0)
     middle = {n: slice(STEP_ROWS // 2 - n // 2, STEP_ROWS // 2 - n // 2 + n) for n in MEASURED}  # nested windows
     out: dict[int, list[Tensor]] = {n: [] for n in MEASURED}
@@ -72,11 +77,16 @@ def measure(multiply: Callable[[Tensor], Tensor], in_features: int, dtype: torch
         blocks = max(1, min(MAX_BLOCKS, -(-SAMPLES // out[1][0].numel())))
 
     def agree(fewer: int, more: int) -> bool:
+        if library(fewer) != library(more):
+            return False
         shared = slice(middle[fewer].start - middle[more].start, middle[fewer].stop - middle[more].start)
         return all(torch.equal(a, b[shared]) for a, b in zip(out[fewer], out[more]))
 
-    def better(plan: RowPlan) -> tuple[int, int]:
-        return plan.most - plan.least + 1, -plan.least  # a longer run first, then fewer pad rows
+    def better(plan: RowPlan) -> tuple[bool, int, int]:
+        # The 1-row call's library first: where torch's dispatch moves a product to another library as rows
+        # grow, it keeps the small calls in its own gemm because there the other's fixed cost dominates, so a
+        # decode padded into the other library would pay it on every step. Then a longer run, then fewer pad rows.
+        return library(plan.least) == library(1), plan.most - plan.least + 1, -plan.least
 
     plan, start = RowPlan(1, 1), 0  # `start`: where the current run of equal bits began, in MEASURED
     for i, n in enumerate(MEASURED):
@@ -105,6 +115,6 @@ def in_pieces(multiply: Callable[[Tensor], Tensor], rows: Tensor, plan: RowPlan)
         piece = rows[start:start + plan.most]  # (n, I)
         n = piece.shape[0]
         if n < plan.least:
-            piece = torch.cat([piece, piece.new_zeros(plan.least - n, piece.shape[1])])
+            piece = F.pad(piece, (0, 0, 0, plan.least - n))  # (least, I): zero rows below
         out.append(multiply(piece)[:n])
     return out[0] if len(out) == 1 else torch.cat(out)

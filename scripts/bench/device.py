@@ -20,7 +20,8 @@ Every check is recorded on its own: one that raises records {"error": "Type: mes
 Device-wide: `copy` (bandwidth of a device-memory copy, read + written, best of the reps) and `keyed_bits`
 (gemma4.sampling.keyed_bits on the device == on the CPU, int64 bit for bit). Per pair, on its bfloat16 load
 unless stated: `load` (seconds; CUDA memory allocated after loading, its peak while loading and in a first
-forward), `decode` (a decode step at a fixed position on the device's clock, and greedy_generate, tokens/s
+forward), `rows` (the speed layer's rows with the same bits: the row plans measured at load, and whether a
+verify of K + 1 rows gives each row the decode step's logits bits, K = 1, 4, 8), `decode` (a decode step at a fixed position on the device's clock, and greedy_generate, tokens/s
 and their fraction of the bound `copy` bandwidth / `decode_bytes`; `compiled`: torch.compile of target.run,
 tried only with --device-compile), `costs` (costs.cost_section: (K+1)-token verify / decode for K = 1..8,
 draft step / decode), `syncs` (syncs.per_step: host reads and, on CUDA, synchronisations per step and per
@@ -55,7 +56,7 @@ from bench.costs import cost_section
 from bench.memory import decode_bytes
 from bench.random_pair import assistant_config, e2b_configs, pair_bytes, random_prompt, target_config, write_pair
 from bench.syncs import SAMPLED, per_step
-from bench.timing import Clock, interleaved, prefilled
+from bench.timing import Clock, device_of, interleaved, prefilled
 from gemma4 import greedy_generate, load_target, sample_generate
 from gemma4.fast.apply import choose_attention, kernels_of
 from gemma4.fast.experts import GatheredExperts, gather_experts
@@ -67,6 +68,7 @@ from gemma4.engine.sampling import ACCEPT_STREAM, DRAFT_STREAM, TOKEN_STREAM, ex
 from mtp import DraftLength, load_drafter, speculative_generate
 from gemma4.engine import generate_one
 from gemma4.engine.forward import forward_rows
+from gemma4.engine.ring import RingCache
 from mtp.engine import speculative_one
 from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
@@ -243,6 +245,39 @@ class AlwaysRight:
         right = [self.sequence[p + 1:p + 1 + k] for p in positions]  # the tokens at positions n+1..n+k
         right = [r + [0] * (k - len(r)) for r in right]  # past the known run: anything (the budget ends first)
         return torch.tensor(right, device=drafts.device), None
+
+
+@torch.inference_mode()
+def rows_check(target: Any, prompt: list[int]) -> dict[str, Any]:
+    """The speed layer's rule for rows with the same bits (gemma4/fast/rows.py, attention.py) on this device, as
+    loaded: the row plans measured at load, and whether a verify of K + 1 rows gives row i the logits bits of the
+    decode step at that position (K = 1, 4, 8), with the first row that differs and by how much."""
+    device = device_of(target)
+    prompt_ids = torch.tensor([prompt])  # (1, T)
+    block = torch.tensor([prompt[:8] * 2])[:, :9]  # (1, 9): the next ids of every verify, any ids will do
+    out: dict[str, Any] = {"plans": sorted({c.rows for c in kernels_of(target)})}
+    for k in (1, 4, 8):
+        logits = []
+        for steps in (False, True):
+            cache = RingCache(target.config, len(prompt) + k + 1, dtype=target.embed_tokens.weight.dtype,
+                              device=device)
+            forward_rows(target, prompt_ids, cache, num_logits=1)
+            cache.length = torch.tensor([len(prompt)])
+            if steps:  # k + 1 decode steps, each at its position
+                rows = []
+                for i in range(k + 1):
+                    rows.append(forward_rows(target, block[:, i:i + 1], cache, torch.tensor([len(prompt) + i]),
+                                             1).logits)
+                    cache.length = torch.tensor([len(prompt) + i + 1])
+                logits.append(torch.cat(rows, dim=1))  # (1, k + 1, V)
+            else:
+                logits.append(forward_rows(target, block[:, :k + 1], cache, torch.tensor([len(prompt)]),
+                                           k + 1).logits)
+        verified, stepped = logits
+        equal = [bool(torch.equal(verified[0, i], stepped[0, i])) for i in range(k + 1)]
+        out[f"k{k}"] = {"equal": all(equal), "first_differing_row": None if all(equal) else equal.index(False),
+                        "max_abs_diff": float((verified.float() - stepped.float()).abs().max())}
+    return out
 
 
 def generate_command(t_dir: Path, a_dir: Path, prompt: list[int], tokens: int, device: torch.device,
@@ -468,6 +503,7 @@ def pair_checks(out: dict[str, Any], name: str, t_dir: Path, a_dir: Path, device
         return result
 
     attempt(out, "load", load, save)
+    attempt(out, "rows", lambda: rows_check(pair(BF16)[0], prompt), save)
     attempt(out, "decode", decode, save)
     attempt(out, "costs", lambda: cost_section(*pair(BF16), prompt, reps, clock), save)
     attempt(out, "syncs", lambda: per_step(*pair(BF16), prompt, tokens, K, device), save)
@@ -611,6 +647,10 @@ def device_table(result: dict[str, Any]) -> str:
             line("load", p["load"], lambda m: f"{m['seconds']:.1f} s, weights {m['weight_bytes'] / gb:.2f} GB" + (
                 f"; allocated {m['after_load']['allocated'] / gb:.2f} GB (peak {m['after_load']['peak'] / gb:.2f}), "
                 f"first forward peak {m['first_forward']['peak'] / gb:.2f} GB" if m["after_load"] else "")),
+            line("verify == decode bits", p.get("rows", {"error": "not run"}), lambda r: ", ".join(
+                f"K={k[1:]} {v['equal']}" + ("" if v["equal"] else f" (row {v['first_differing_row']}, "
+                                                                   f"{v['max_abs_diff']:.2g})")
+                for k, v in r.items() if k != "plans") + f"; plans: {'; '.join(r['plans'])}"),
             line("decode, eager", p["decode"], lambda x: (
                 f"step {x['eager']['step_tokens_per_s']:.1f} tokens/s, generate "
                 f"{x['eager']['generate_tokens_per_s']:.1f}"

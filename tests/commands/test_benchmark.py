@@ -215,7 +215,7 @@ def test_help_shows_the_defaults() -> None:
     assert "scripts/cli/threads.py" in words.partition("--threads THREADS")[2]
 
 
-DEVICE_CHECKS = {"load", "decode", "costs", "syncs", "equal"}
+DEVICE_CHECKS = {"load", "rows", "decode", "costs", "syncs", "equal"}
 
 
 def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
@@ -254,6 +254,8 @@ def test_device_section_small_on_the_cpu(tmp_path: Path) -> None:
         assert DEVICE_CHECKS | {"seconds"} <= set(p) and not any("error" in p[c] for c in DEVICE_CHECKS), p
         assert p["equal"]["greedy"] is True and p["equal"]["sampled"] is True and p["equal"]["tokens"] == 8
         assert p["load"]["after_load"] is None  # CUDA memory: none on the CPU
+        # The speed layer's rows on this device (the CPU here): a verify's row i has the decode step's bits.
+        assert all(p["rows"][f"k{k}"]["equal"] for k in (1, 4, 8)) and p["rows"]["plans"], p["rows"]
         decode = p["decode"]
         assert decode["bound_tokens_per_s"] == pytest.approx(d["copy"]["bytes_per_s"] / decode["bytes_per_step"])
         assert 0 < decode["eager"]["fraction_step"] and decode["compiled"]["step_tokens_per_s"] is None

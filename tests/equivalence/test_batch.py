@@ -202,8 +202,10 @@ def test_stops_budgets_and_rows_leaving(models, monkeypatch: pytest.MonkeyPatch)
     assert batch[1].tokens[-1] == stop_inside and batch[1].stats.accepted < sum(a for _, a in rounds(batch[1]))
     assert batch[2].tokens[-1] == stop_bonus and rounds(batch[2])[-1][1] == k  # the bonus, after k accepted
     assert len(rounds(batch[3])[-1][0]) < k  # the budget cut the last round's drafts
-    assert sizes[0] == len(prompts) and sizes[-1] == 1  # the prefill, then rows leave down to one
-    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) >= 3
+    prefills, verifies = sizes[:len(prompts)], sizes[len(prompts):]
+    assert prefills == [1] * len(prompts)  # the prefill, a row at a time (as each row's solo run)
+    assert verifies[0] == len(prompts) - 1 and verifies[-1] == 1  # row 0 ended at the prefill's token; down to one
+    assert verifies == sorted(verifies, reverse=True) and len(set(verifies)) >= 3
 
 
 # ---------------------------------------------------------------- sampling

@@ -94,7 +94,7 @@ def test_a_batch_round_reads_as_one_row_and_its_clocks_run_after_the_read(models
         monkeypatch.setattr("mtp.engine.rows.forward_rows", spy)  # the verifies
         results = speculative_generate_batch(target, assistant, prompts, 12, DraftLength(2, "auto", clock=clock),
                                              samplers=[SAMPLED] * 3 if sampled else None)
-    verifies = [i for i, (kind, _) in enumerate(events) if kind == "verify"][1:]  # the first run is the prefill
+    verifies = [i for i, (kind, _) in enumerate(events) if kind == "verify"][len(prompts):]  # the prefill: a row a run
     rounds = max(r.stats.target_forwards for r in results) - 1
     assert len(verifies) == rounds > 4
     for i in verifies:
