@@ -11,7 +11,7 @@ in use, min(p + 1, ring), on a sliding one. The mask's slice says which of them 
 the decode step. The call is then the decode step's own, so its bits are too, on any device and kernel. A
 single query and a prefill (more than STEP_ROWS queries: no step is that long) run as one call, as before.
 
-Cost: K + 1 attention calls a layer in a verify instead of one; scripts/benchmark.md states it.
+Cost: K + 1 attention calls a layer in a verify instead of one (gemma4/fast/README.md, "Rows with the same bits").
 
 Shape legend: B rows, T queries a row, H query heads, G kv heads, S key slots, D head dim.
 """
