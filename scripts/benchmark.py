@@ -57,6 +57,12 @@ Sections (`--only a,b`):
   ranks of one thread against one process of N threads, plain and speculative tokens/s; a random 31B-geometry
   bfloat16 file of two layers (≈ 4.9 GB, written and deleted in the run) loaded by 1, 2 and 4 ranks: resident
   memory a rank, and what it makes of the 60-layer 31B (`--tp-small`: tiny sizes).
+- `peer` (scripts/bench/peer.py), only when named: llama.cpp, the CPU peer, against ours on the bf16 section's E2B
+  pair: decode at 1 and 2 threads (llama.cpp's bf16, Q4_0 and Q4_0 with a bf16 head, converted by its own
+  converter; ours bf16 and int4), a 4- and 5-token step against one, and ours int4 + MTP, in CPU time and wall
+  time, alternating. llama.cpp comes from `--peer-llama DIR` or is downloaded (llama-cpp-python's source) and
+  built once under `--e2b-dir` (bench/llama_cpp.py; about 20-30 minutes on 2 cores); without a compiler or the
+  package the section is skipped in one line.
 - `audio` (scripts/bench/audio.py), only when named: E2B's audio tower + embed_audio (random weights of the real
   geometry) encoding a 30 s clip (`--audio-seconds`), bfloat16 and float32: log-mel features and tower times,
   soft tokens per second and seconds of audio encoded per second, the peak resident memory of one encode in a
@@ -108,6 +114,7 @@ from bench.device import DEVICE_DIR, device_section, device_table, small_e2b_con
 from bench.int4 import int4_goals, int4_section, int4_table
 from bench.int4_files import small_e2b
 from bench.parallel import tp_section, tp_table
+from bench.peer import peer_goals, peer_section, peer_table
 from bench.memory import memory_section
 from bench.random_pair import (bench_configs, e2b_configs, is_written, pair_bytes, random_prompt, text_prompt,
                                write_pair)
@@ -126,7 +133,7 @@ from gemma4.model import Gemma4Model
 from mtp import DraftLength, Drafter, load_drafter, speculative_generate
 
 SECTIONS = ("demo", "bench", "e2b", "costs", "bandwidth", "bf16", "memory", "batch", "experts", "sampling", "schedule")
-ON_REQUEST = ("device", "context", "audio", "int4", "tp")  # run only when --only names them
+ON_REQUEST = ("device", "context", "audio", "int4", "tp", "peer")  # run only when --only names them
 DEMO = Path(__file__).resolve().parent / "demo"
 DEMO_PROMPT = "import os\n\n\ndef read_config(path):\n    "
 E2B_VOCAB = 32768
@@ -273,7 +280,8 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
          device_small: bool = False, device_compile: bool = False, context_small: bool = False,
          context_before_max: int | None = None, out_dir: Path | None = None, audio_seconds: float = 30.0,
          audio_reps: int = 3, audio_small: bool = False, int4_small: bool = False, int4_31b: bool = False,
-         int4_31b_tokens: int = 2, tp_ranks: int = 2, tp_small: bool = False, quiet: bool = False) -> dict:
+         int4_31b_tokens: int = 2, tp_ranks: int = 2, tp_small: bool = False, peer_llama: Path | None = None,
+         quiet: bool = False) -> dict:
     """The run's result object (what --json prints). `threads`: --threads, else each section's by the one thread
     rule (bench/timing.py `section_threads`); `quiet`: no progress bars (--json). torch's thread count is given
     back as it was."""
@@ -284,7 +292,7 @@ def main(*, sections: list[str], target_dir: Path, assistant_dir: Path, tokens: 
             sections, target_dir, assistant_dir, tokens, e2b_tokens, reps, e2b_reps, k, e2b_dir, threads, copy_mib,
             use_transformers, sampling_vocab, device, device_dir, device_small, device_compile, context_small,
             context_before_max, out_dir, audio_seconds, audio_reps, audio_small, int4_small, int4_31b, int4_31b_tokens,
-            tp_ranks, tp_small)
+            tp_ranks, tp_small, peer_llama)
     finally:
         torch.set_num_threads(before)
         NOW.section, NOW.quiet = "", was_quiet
@@ -295,7 +303,7 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
                  use_transformers: bool, sampling_vocab: int, device: str, device_dir: Path, device_small: bool,
                  device_compile: bool, context_small: bool, context_before_max: int | None, out_dir: Path | None,
                  audio_seconds: float, audio_reps: int, audio_small: bool, int4_small: bool, int4_31b: bool,
-                 int4_31b_tokens: int, tp_ranks: int, tp_small: bool) -> dict:
+                 int4_31b_tokens: int, tp_ranks: int, tp_small: bool, peer_llama: Path | None = None) -> dict:
     result: dict[str, Any] = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch's default "
                                          f"{TORCH_THREADS} threads, torch {torch.__version__}, float32 unless stated"}
     ran: dict[str, int] = {}  # section -> the torch threads it ran with
@@ -432,6 +440,16 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
         NOW.section = "tp"
         say(f"tp: {tp_ranks} gloo ranks against one process{' (small)' if tp_small else ''}")
         result["tp"] = tp_section(e2b_dir, tp_ranks, tokens, max(reps, 3), k or 4, tp_small, say)
+    if "peer" in sections and clock.cuda:
+        skipped["peer"] = f"llama.cpp on the CPU against ours: {ON_CPU_ONLY}"
+    elif "peer" in sections:  # scripts/bench/peer.py: its parts set their own threads
+        NOW.section = "peer"
+        say("peer: llama.cpp and ours on one E2B geometry, side by side")
+        result["peer"] = peer_section(e2b_dir, (target_dir, assistant_dir) if demo else None,
+                                      text_prompt(target_dir, DEMO_PROMPT, 24) if demo else [],
+                                      k or assistant_k(assistant_dir), e2b_tokens, max(e2b_reps, 3), peer_llama, say)
+        if "skipped" in result["peer"]:
+            say(f"peer: skipped: {result['peer']['skipped']}")
     if clock.cuda and {"demo", "bench", "e2b", "bandwidth", "bf16"} & set(sections):
         skipped["packed products"] = f"oneDNN's packed weights: {ON_CPU_ONLY}"
     if skipped:
@@ -443,7 +461,7 @@ def run_sections(sections: list[str], target_dir: Path, assistant_dir: Path, tok
                                               text_prompt(target_dir, DEMO_PROMPT, 24), tokens, max(reps, 3),
                                               k or assistant_k(assistant_dir), interleaved)
     result["goals"] = (goals(result) + batch_goal(result) + sampling_goals(result) + schedule_goals(result)
-                       + context_goals(result) + int4_goals(result))
+                       + context_goals(result) + int4_goals(result) + peer_goals(result))
     return result
 
 
@@ -451,7 +469,7 @@ def printed(result: dict[str, Any]) -> str:
     """The table of a run's result: every section's block, the developers' goals block last."""
     blocks = (table(result), batch_table(result), sampling_table(result), device_table(result), context_table(result),
               "\n".join(schedule_lines(result.get("schedule"))), audio_table(result), int4_table(result),
-              tp_table(result), goals_table(result))
+              tp_table(result), peer_table(result), goals_table(result))
     return "\n".join(block for block in blocks if block)  # each block after the first opens with its blank line
 
 
@@ -522,6 +540,9 @@ if __name__ == "__main__":
                    "N - 1 steps; fast=False dequantizes every weight each forward)")
     p.add_argument("--tp-ranks", type=int, default=2, help="ranks of the tp section's speed part (one torch thread "
                    "each, against one process of that many threads)")
+    p.add_argument("--peer-llama", type=Path, metavar="DIR", help="the peer section's llama.cpp: a source tree, its "
+                   "tools built in DIR/build (built there if missing); default: llama-cpp-python's source, downloaded "
+                   "and built once under --e2b-dir")
     p.add_argument("--tp-small", action="store_true", help="the tp section at tiny sizes, for the tests")
     a = p.parse_args()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: every rank would run the whole benchmark
@@ -554,5 +575,5 @@ if __name__ == "__main__":
                context_small=a.context_small, context_before_max=a.context_before_max, out_dir=a.out,
                audio_seconds=a.audio_seconds, audio_reps=a.audio_reps, audio_small=a.audio_small,
                int4_small=a.int4_small, int4_31b=a.int4_31b, int4_31b_tokens=a.int4_31b_tokens,
-               tp_ranks=a.tp_ranks, tp_small=a.tp_small, quiet=a.json)
+               tp_ranks=a.tp_ranks, tp_small=a.tp_small, peer_llama=a.peer_llama, quiet=a.json)
     print(json.dumps(out, indent=1) if a.json else printed(out))

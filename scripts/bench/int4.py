@@ -42,7 +42,7 @@ from bench.random_pair import (
     random_prompt,
     write_pair,
 )
-from bench.report import fmt
+from bench.report import at_least, fmt
 from bench.timing import median_ratio, our_decode_step, prefilled, section_threads
 from bench.transformers_baseline import tf_generate
 from gemma4 import greedy_generate, load_config, load_target
@@ -223,22 +223,11 @@ def int4_section(root: Path, target_dir: Path, assistant_dir: Path, demo_prompt:
     return out
 
 
-def dig(r: dict[str, Any], path: tuple[str, ...]) -> float | None:
-    for key in path:
-        r = r.get(key) if isinstance(r, dict) else None
-    return r
-
-
 def int4_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     r = result.get("int4")
     if not r:
         return []
-    out = []
-    for name, path, limit in GOALS:
-        value = dig(r, path)
-        out.append({"goal": f"int4: {name}", "value": value, "limit": limit, "at_least": True,
-                    "met": None if value is None else value >= limit})
-    return out
+    return at_least(r, GOALS, "int4: ")
 
 
 def int4_table(result: dict[str, Any]) -> str:

@@ -9,6 +9,20 @@ and what it is compared with. It reads only that object, so a saved run can be p
 from typing import Any
 
 
+def at_least(r: dict[str, Any], targets: tuple[tuple[str, tuple[str, ...], float], ...], prefix: str = ""
+             ) -> list[dict[str, Any]]:
+    """A section's goals that a figure should reach: (name, its path in the section's result `r`, the least it
+    should be), as `goals` rows; a figure the run did not measure is None, neither met nor missed."""
+    out = []
+    for name, path, limit in targets:
+        value: Any = r
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        out.append({"goal": f"{prefix}{name}", "value": value, "limit": limit, "at_least": True,
+                    "met": None if value is None else value >= limit})
+    return out
+
+
 def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The numeric goals, each with the measured value and whether it reaches the goal."""
     out = []

@@ -1,0 +1,278 @@
+"""scripts/benchmark.py's `peer` section: llama.cpp, the CPU peer people pick, and this project on one E2B geometry.
+
+    python scripts/benchmark.py --only peer                     # --peer-llama DIR: your own llama.cpp checkout
+
+The bf16 section's random pair at E2B's dimensions (vocabulary 262,144), and llama.cpp's own conversion of its target
+(bench/llama_cpp.py): bf16, Q4_0, and Q4_0 with the tied head kept in bfloat16 (what a w4a16 release keeps). Ours:
+the same file with the speed layer, in bfloat16 and quantized to int4 at load (Google's w4a16 recipe).
+
+- `decode`: one token a step, at 1 and 2 threads: llama.cpp's `llama-bench -p 0 -n N`, ours a decode step at the
+  same depth. Seconds a token in wall time and in process CPU time: on a shared machine only CPU time is stable.
+- `batch`: a step of 4 and of 5 tokens against one, 1 thread: llama.cpp's `-p 1` / `-p 4` / `-p 5` (logits of
+  the last row only), ours a verify of 4 or 5 rows (logits of every row: a verify needs them all). llama.cpp
+  repacks its weights for the CPU by default; where a prompt run with them crashes (this llama.cpp's Q4_0 on a
+  CPU with AMX), that file's three steps run without (`--repack 0`, `llama_repacked_in_batches`).
+- `mtp`: ours int4 + the E2B-geometry assistant (random: its drafts are almost never kept, the acceptance is
+  stated), speculative against plain tokens/s; and the same at the demo pair's acceptance, projected from the E2B
+  step costs measured here (bench/costs.py): tokens a round / (a draft round + a verify, in decode steps).
+Every measurement alternates between the two programs, rep by rep, and each figure is a median over reps.
+
+A llama.cpp run's CPU time is read from /proc while it runs, from the start of its first timed run to its report
+(`llama_bench`): loading and repacking its weights cost seconds of CPU time that vary from run to run.
+"""
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.costs import cost_section
+from bench.llama_cpp import LlamaCpp, find, gguf_files
+from bench.random_pair import e2b_configs, random_prompt, write_pair
+from bench.report import at_least, fmt
+from bench.timing import prefilled
+from gemma4 import load_target
+from gemma4.engine.forward import forward_rows
+from mtp import DraftLength, load_drafter, speculative_generate
+
+BF16 = torch.bfloat16
+FULL_VOCAB = 262144
+THREADS = (1, 2)
+BATCHES = (4, 5)  # the rows of a verify of 3 and of 4 drafts
+DEPTH = 16  # positions in the cache before each timed step: the prompt
+BATCH_REPS = 8  # timed repetitions of a step of 1, 4 or 5 tokens
+DEMO_TOKENS = 64  # new tokens of the demo pair's run that gives the acceptance projected at
+GOALS = (("peer: int4 decode, ours / llama.cpp Q4_0, 1 thread, CPU time", ("int4_over_q4_0", "cpu"), 1.0),
+         ("peer: bf16 decode, ours / llama.cpp BF16, 1 thread, CPU time", ("bf16_over_bf16", "cpu"), 1.0),
+         ("peer: ours int4 + MTP at the demo's acceptance / llama.cpp Q4_0 plain", ("mtp", "projected_over_q4_0"),
+          1.5))
+
+
+# ---------------------------------------------------------------- llama.cpp's side
+
+def llama_bench(llama: LlamaCpp, file: Path, threads: int, prompt: int, gen: int, reps: int,
+                repack: bool = True) -> dict[str, float] | None:
+    """One `llama-bench` test, timed `reps` times: seconds a test in wall time (llama-bench's mean) and in the
+    process's CPU time over its timed runs alone; None where it crashed (killed by a signal). `repack`: llama.cpp's
+    default, its weights repacked for this CPU.
+
+    The CPU time is read from /proc as llama-bench says (`--progress`) that its first timed run starts and as it
+    prints the test's line: loading, repacking, the warm-up and freeing, whose CPU time varies by seconds, stay
+    out."""
+    process = subprocess.Popen([str(llama.tool("llama-bench")), "-m", str(file), "-t", str(threads), "-p", str(prompt),
+                                "-n", str(gen), "-r", str(reps), "-o", "jsonl", "--repack", str(int(repack)),
+                                "--progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marks: dict[str, float] = {}
+    reports: list[str] = []
+
+    def report() -> None:  # stdout: the test's line, printed as its timed runs end, before memory is freed
+        for line in process.stdout:
+            if line.startswith("{") and "end" not in marks:
+                marks["end"] = cpu_seconds(process.pid)
+                reports.append(line)
+    reader = threading.Thread(target=report)
+    reader.start()
+    tail: list[str] = []
+    for line in process.stderr:  # llama.cpp's log and its progress lines, as they come
+        tail = (tail + [line.strip()])[-5:]
+        if "start" not in marks and " run 1/" in line and "warmup" not in line:
+            marks["start"] = cpu_seconds(process.pid)
+    reader.join()
+    code = process.wait()
+    if code < 0:
+        return None
+    if code or len(marks) < 2:
+        raise RuntimeError(f"llama-bench failed on {file.name}: {' | '.join(tail)[-300:]}")
+    return {"cpu": (marks["end"] - marks["start"]) / reps, "wall": json.loads(reports[0])["avg_ns"] / 1e9}
+
+
+def cpu_seconds(pid: int) -> float:
+    """A running process's CPU time so far, user and system, every thread (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def llama_decode(llama: LlamaCpp, file: Path, threads: int, tokens: int) -> dict[str, float]:
+    """Seconds a decoded token: a test of `tokens` tokens after one (llama-bench's warm-up)."""
+    test = llama_bench(llama, file, threads, 0, tokens, 1)
+    if test is None:
+        raise RuntimeError(f"llama-bench crashed decoding {file.name}")
+    return {clock: seconds / tokens for clock, seconds in test.items()}
+
+
+def llama_batch(llama: LlamaCpp, file: Path, rows: int, reps: int, repack: bool) -> dict[str, float] | None:
+    """Seconds a step of `rows` tokens (a prompt of that many: logits of its last row), 1 thread, over `reps`
+    timed runs; None where llama-bench crashed."""
+    return llama_bench(llama, file, 1, rows, 0, reps, repack)
+
+
+def llama_batches(llama: LlamaCpp, file: Path, reps: int) -> dict[str, Any]:
+    """Steps of 1 and of BATCHES tokens, each a prompt, with repacked weights as llama.cpp's default, or without
+    where a run with them crashed (this llama.cpp on an AMX CPU: Q4_0 prompts of 4 tokens)."""
+    for repack in (True, False):
+        steps = {rows: llama_batch(llama, file, rows, reps, repack) for rows in (1, *BATCHES)}
+        if None not in steps.values():
+            return {"repack": repack, "steps": steps}
+    raise RuntimeError(f"llama-bench crashed on prompts of {file.name}, repacked or not")
+
+
+# ---------------------------------------------------------------- ours
+
+@torch.inference_mode()
+def our_step(target: Any, prompt: list[int], rows: int, steps: int) -> dict[str, float]:
+    """Seconds a forward of `rows` new tokens after the prompt (a decode step, or a verify of rows - 1 drafts with
+    every row's logits), over `steps` forwards after one untimed: wall, and this process's CPU time."""
+    cache, _ = prefilled(target, prompt, rows)
+    ids, at = torch.tensor([prompt[-1:] * rows]), torch.tensor([len(prompt)])  # (1, rows), (1,) on the host
+    forward_rows(target, ids, cache, at, rows)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        forward_rows(target, ids, cache, at, rows)
+    return {"cpu": (time.process_time() - cpu) / steps, "wall": (time.perf_counter() - wall) / steps}
+
+
+# ---------------------------------------------------------------- the section
+
+def peer_section(e2b_dir: Path, demo: tuple[Path, Path] | None, demo_prompt: list[int], k: int, tokens: int,
+                 reps: int, llama_dir: Path | None, say: Callable[[str], None]) -> dict[str, Any]:
+    """The section's result, or {"skipped": the one-line reason} where llama.cpp cannot be had here."""
+    llama = find(llama_dir, e2b_dir / "llama.cpp", max(THREADS), say)
+    if isinstance(llama, str):
+        return {"skipped": llama}
+    target_dir, assistant_dir = write_pair(e2b_dir / "bfloat16-full", *e2b_configs(FULL_VOCAB), BF16)
+    files = gguf_files(llama, target_dir, e2b_dir / "peer", say)
+    prompt = random_prompt(target_dir, DEPTH)
+    samples: dict[str, list[dict[str, float]]] = {}
+    batches: dict[str, list[dict[str, Any]]] = {name: [] for name in files}
+    # Two phases, each with only its own weights in memory (24 GB does not hold both of ours beside llama.cpp's
+    # files: pages read again would show in every time): bf16, then int4 with the two Q4_0 files.
+    mtp: dict[str, Any] = {}
+    for phase, names in (("bf16", ("bf16",)), ("int4", ("q4_0", "q4_0_bf16_head"))):
+        say(f"peer: loading ours in {phase}{' (quantized at load)' if phase == 'int4' else ''}, with the speed layer")
+        model = load_target(target_dir, BF16, fast=True, quantize="int4" if phase == "int4" else None)
+        runs: dict[str, Callable[[], Any]] = {}
+        for threads in THREADS:
+            for name in names:
+                runs[f"decode {threads} llama {name}"] = lambda f=files[name], t=threads: llama_decode(llama, f, t,
+                                                                                                      tokens)
+            runs[f"decode {threads} ours {phase}"] = lambda t=threads: threaded(t, lambda: our_step(model, prompt, 1,
+                                                                                                   tokens))
+        for name in names:
+            runs[f"batches llama {name}"] = lambda name=name: batches[name].append(llama_batches(llama, files[name],
+                                                                                                 BATCH_REPS))
+        for rows in (1, *BATCHES):
+            runs[f"batch {rows} ours {phase}"] = lambda rows=rows: threaded(1, lambda: our_step(model, prompt, rows,
+                                                                                               BATCH_REPS))
+        for rep in range(reps):
+            for i, (name, run) in enumerate(runs.items()):
+                say(f"peer: {phase}, rep {rep + 1}/{reps}, {i + 1}/{len(runs)}: {name}")
+                samples.setdefault(name, []).append(run())
+        if phase == "int4":
+            torch.set_num_threads(1)
+            q4_0 = statistics.median(s["wall"] for s in samples["decode 1 llama q4_0"])
+            mtp = mtp_part(model, assistant_dir, prompt, demo, demo_prompt, k, tokens, reps, q4_0, say)
+        del model, runs
+        gc.collect()
+    for name, got in batches.items():  # each rep's steps of 1, 4 and 5 tokens, as if timed one by one
+        for rows in (1, *BATCHES):
+            samples[f"batch {rows} llama {name}"] = [b["steps"][rows] for b in got]
+        del samples[f"batches llama {name}"]
+    ours = ("bf16", "int4")
+    median = {name: {clock: statistics.median(s[clock] for s in got) for clock in ("cpu", "wall")}
+              for name, got in samples.items()}
+    out: dict[str, Any] = {"llama_cpp": str(llama.source), "files": {n: str(f) for n, f in files.items()},
+                           "target": str(target_dir), "depth": DEPTH, "tokens": tokens, "reps": reps,
+                           "seconds": median}
+    one = {name: median[f"decode 1 {name}"] for name in ("llama bf16", "llama q4_0", "llama q4_0_bf16_head",
+                                                            "ours bf16", "ours int4")}
+    out["int4_over_q4_0"] = {c: one["llama q4_0"][c] / one["ours int4"][c] for c in ("cpu", "wall")}
+    out["int4_over_q4_0_bf16_head"] = {c: one["llama q4_0_bf16_head"][c] / one["ours int4"][c] for c in ("cpu", "wall")}
+    out["bf16_over_bf16"] = {c: one["llama bf16"][c] / one["ours bf16"][c] for c in ("cpu", "wall")}
+    out["batch_over_decode"] = {f"{who} {name}": {rows: median[f"batch {rows} {who} {name}"]["cpu"]
+                                                  / median[f"batch 1 {who} {name}"]["cpu"] for rows in BATCHES}
+                                for who, names in (("llama", files), ("ours", ours)) for name in names}
+    out["llama_repacked_in_batches"] = {name: all(b["repack"] for b in got) for name, got in batches.items()}
+    out["mtp"] = mtp
+    return out
+
+
+def threaded(threads: int, run: Callable[[], dict[str, float]]) -> dict[str, float]:
+    torch.set_num_threads(threads)
+    return run()
+
+
+def mtp_part(target: Any, assistant_dir: Path, prompt: list[int], demo: tuple[Path, Path] | None,
+             demo_prompt: list[int], k: int, tokens: int, reps: int, q4_0: float,
+             say: Callable[[str], None]) -> dict[str, Any]:
+    """Ours int4 + MTP at E2B's geometry (1 thread): measured with the random assistant, and projected at the demo
+    pair's acceptance (the demo's target quantized at load, K = k) from the E2B step costs."""
+    drafter = load_drafter(assistant_dir, BF16, fast=True, target=target)
+    say(f"peer: ours int4 + MTP, K = {k}, and the E2B step costs")
+    costs = cost_section(target, drafter, prompt, reps)
+    start = time.perf_counter()
+    measured = speculative_generate(target, drafter, prompt, tokens, DraftLength(k))
+    spec_s = time.perf_counter() - start
+    out: dict[str, Any] = {"k": k, "random_assistant": {"acceptance_rate": measured.stats.acceptance_rate,
+                                                        "tokens_per_s": len(measured.tokens) / spec_s},
+                           "draft_round_over_decode": costs["draft_round_over_decode"][k],
+                           "verify_over_decode": costs["verify_over_decode"][k], "decode_s": costs["decode_s"]}
+    if demo is None:
+        return out | {"projected": None}
+    demo_target = load_target(demo[0], BF16, fast=True, quantize="int4")
+    run = speculative_generate(demo_target, load_drafter(demo[1], BF16, fast=True, target=demo_target),
+                               demo_prompt, DEMO_TOKENS, DraftLength(k))
+    per_round = run.stats.emitted / max(1, run.stats.target_forwards - 1)  # new tokens a verify, prefill aside
+    speedup = per_round / (out["draft_round_over_decode"] + out["verify_over_decode"])
+    out["demo"] = {"acceptance_rate": run.stats.acceptance_rate, "tokens_per_round": per_round}
+    out["projected_speedup"] = speedup
+    # Ours int4 + MTP tokens/s at the demo's acceptance against llama.cpp's plain Q4_0, wall clock:
+    out["projected_over_q4_0"] = speedup * q4_0 / out["decode_s"]
+    return out
+
+
+def peer_goals(result: dict[str, Any]) -> list[dict[str, Any]]:
+    p = result.get("peer")
+    if not p or "skipped" in p:
+        return []
+    return at_least(p, GOALS)
+
+
+def peer_table(result: dict[str, Any]) -> str:
+    p = result.get("peer")
+    if not p:
+        return ""
+    if "skipped" in p:
+        return f"\n== peer: skipped: {p['skipped']}"
+    s = p["seconds"]
+    lines = ["", f"== peer: llama.cpp ({p['llama_cpp']}) and ours on one E2B geometry, vocabulary {FULL_VOCAB}, depth "
+                 f"{p['depth']}; medians of {p['reps']} alternating reps; seconds a step, CPU time / wall"]
+    for threads in THREADS:
+        row = ", ".join(f"{name} {fmt(s[f'decode {threads} {name}']['cpu'], '.3f')} / "
+                        f"{fmt(s[f'decode {threads} {name}']['wall'], '.3f')}"
+                        for name in ("llama bf16", "ours bf16", "llama q4_0", "llama q4_0_bf16_head", "ours int4"))
+        lines.append(f"   decode, {threads} thread{'s' if threads > 1 else ''}: {row}")
+    lines.append("   ours / llama.cpp speed, 1 thread (CPU; wall): " + "; ".join(
+        f"{label} {fmt(p[key]['cpu'])}; {fmt(p[key]['wall'])}" for label, key in (
+            ("bf16/BF16", "bf16_over_bf16"), ("int4/Q4_0", "int4_over_q4_0"),
+            ("int4/Q4_0 bf16 head", "int4_over_q4_0_bf16_head"))))
+    for who, ratios in p["batch_over_decode"].items():
+        plain = who.startswith("llama") and not p["llama_repacked_in_batches"][who.removeprefix("llama ")]
+        lines.append(f"   {who}: " + ", ".join(f"{rows} tokens {fmt(r)} steps" for rows, r in ratios.items())
+                     + " (CPU time over one token" + (", weights not repacked: repacked, it crashed)" if plain else ")"))
+    m = p["mtp"]
+    lines.append(f"   ours int4 + MTP, K = {m['k']}: random assistant acceptance {fmt(m['random_assistant']['acceptance_rate'])}"
+                 f", {fmt(m['random_assistant']['tokens_per_s'])} tokens/s; a draft round {fmt(m['draft_round_over_decode'])}"
+                 f" and a verify {fmt(m['verify_over_decode'])} decode steps")
+    if m.get("demo"):
+        lines.append(f"   at the demo's acceptance ({fmt(m['demo']['acceptance_rate'])}, "
+                     f"{fmt(m['demo']['tokens_per_round'])} tokens a round): {fmt(m['projected_speedup'])}x plain, "
+                     f"{fmt(m['projected_over_q4_0'])}x llama.cpp's plain Q4_0 (wall)")
+    return "\n".join(lines)
