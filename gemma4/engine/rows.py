@@ -6,8 +6,9 @@ one prompt is B = 1), no left padding. Each row's prompt is prefilled as its sol
 rows step together, right-padded: a row's pads sit past its prompt, in slots the causal mask hides and its next
 writes overwrite. Row b chooses every token as its run alone would (`choose`, its own sampler), at its own
 positions, so its tokens are its solo run's: with the same logits bits on the speed layer (a step of up to
-STEP_ROWS rows, gemma4/fast/rows.py), in the textbook's modules up to a batched forward's other order of sums. A conversation hands a loop its cache, holding K/V for the first
-cache.length ids of the prompt (the prefix shared with the previous turn): only the rest is prefilled.
+STEP_ROWS rows, gemma4/fast/rows.py), in the textbook's modules up to a batched forward's other order of sums. A
+conversation hands a loop its cache, holding K/V for the first cache.length ids of the prompt (the prefix shared
+with the previous turn): only the rest is prefilled.
 
 Shape legend: B rows, T new tokens per row, V vocab, E hidden."""
 

@@ -10,10 +10,10 @@ would commit another token than plain decoding.
 The cure is measured, not assumed, when a model loads (`measure`; once a process per shape, dtype, kernel and
 thread count, gemma4/fast/apply.py `PLANS`): rows of random numbers are multiplied alone and among 1 to 63
 others, at other places, at the row counts of `MEASURED`. The longest run of row counts [least, most] that all
-give the same bits, within the library the 1-row call runs in (`measure`), is the product's `RowPlan`: a call of fewer than `least` rows is padded with zero rows up to
-`least`, a call of more than `most` rows (up to `STEP_ROWS`) runs in pieces of at most `most` rows, each padded
-likewise. Every row of a step then gets the bits of that one run of row counts, and so do the decode's single
-row and each row of a verify.
+give the same bits, within the library the 1-row call runs in (`measure`), is the product's `RowPlan`: a call of
+fewer than `least` rows is padded with zero rows up to `least`, a call of more than `most` rows (up to
+`STEP_ROWS`) runs in pieces of at most `most` rows, each padded likewise. Every row of a step then gets the bits
+of that one run of row counts, and so do the decode's single row and each row of a verify.
 A measurement, not a timing: the same machine gives the same bits, so the same plan, on every load.
 
 Calls of more than `STEP_ROWS` rows (a prefill's chunk) run as one call: no step is that long.
@@ -56,7 +56,8 @@ AS_CALLED = RowPlan(1, STEP_ROWS)
 def measure(multiply: Callable[[Tensor], Tensor], in_features: int, dtype: torch.dtype, device: torch.device,
             library: Callable[[int], str] = lambda n: "") -> RowPlan:
     """The plan for `multiply` (N, I) -> (N, O): the longest run of `MEASURED` row counts that give each row the
-    same bits (ties: the fewer pad rows), never two counts that `library` says run in other libraries.
+    same bits, never two counts that `library` says run in other libraries (`better`: the 1-row call's library
+    first, then the longer run, then the fewer pad rows).
 
     Each row count n multiplies the n middle rows of one block of STEP_ROWS random rows, so a row sits at another
     place in each call and among other neighbours. Two counts agree when every row they share has the same bits.

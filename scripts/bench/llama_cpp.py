@@ -16,7 +16,7 @@ Long steps (the build: about 20-30 minutes on 2 cores; converting and quantizing
 start and a progress line at least every `EVERY` seconds.
 """
 
-import os
+import json
 import shutil
 import subprocess
 import sys
@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 SDIST = "llama-cpp-python==0.3.36"  # vendors llama.cpp 0c1e570 (2026-10-01): Gemma 4 and `draft-mtp`
 TOOLS = ("llama-bench", "llama-quantize")
@@ -89,15 +91,13 @@ def download(cache: Path, say: Say) -> str | None:
     return None
 
 
-def run_saying(command: list[str], log: Path, say: Say, doing: str, cwd: Path | None = None,
-               env: dict[str, str] | None = None) -> tuple[int, str]:
+def run_saying(command: list[str], log: Path, say: Say, doing: str, cwd: Path | None = None) -> tuple[int, str]:
     """Run `command`, its output to `log`; every EVERY seconds a line: what it is doing and its newest output line.
     Returns the exit status and that line."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                                   env=None if env is None else os.environ | env)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
         while process.poll() is None:
             try:
                 process.wait(EVERY)
@@ -120,12 +120,11 @@ SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 106: "<turn|>", 105:
 FIRST_ORDINARY = 107  # the ids under it are specials, as in Gemma 4's vocabulary (gemma4/README.md §18)
 
 
-def tokenizer(vocab: int) -> "Tokenizer":  # noqa: F821 (tokenizers is imported here only)
+def tokenizer(vocab: int) -> Tokenizer:
     """A `tokenizer.json` shaped like Gemma 4's as llama.cpp checks it (the converter: a BPE with byte fallback,
     spaces as ▁, a Sequence decoder; the loader: merges) with exactly `vocab` pieces: the specials at their ids,
     the 256 byte pieces, ▁ and the 26 letters, then every longer piece made by one merge of a shorter piece and a
     letter (a, b, .., aa, ab, ..), as many as fill the vocabulary. Speed does not depend on the words."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
     specials = [SPECIALS.get(i, f"<unused{i}>") for i in range(FIRST_ORDINARY)]
     letters = ["▁", *"abcdefghijklmnopqrstuvwxyz"]
     pieces = specials + [f"<0x{b:02X}>" for b in range(256)] + letters
@@ -152,7 +151,6 @@ def tokenizer(vocab: int) -> "Tokenizer":  # noqa: F821 (tokenizers is imported 
 def gguf_files(llama: LlamaCpp, target_dir: Path, out: Path, say: Say) -> dict[str, Path]:
     """The target of a random pair as llama.cpp files (`GGUF`), made once under `out`: name -> path. The converter
     reads a folder of links to the target's files beside the tokenizer `tokenizer` writes."""
-    import json
     weights = target_dir / "model.safetensors"
     stamp = {"target": str(target_dir.resolve()), "bytes": weights.stat().st_size, "mtime": weights.stat().st_mtime,
              "tokenizer": TOKENIZER_SCHEME, "llama.cpp": str(llama.source)}

@@ -108,19 +108,14 @@ def llama_decode(llama: LlamaCpp, file: Path, threads: int, tokens: int) -> dict
     return {clock: seconds / tokens for clock, seconds in test.items()}
 
 
-def llama_batch(llama: LlamaCpp, file: Path, rows: int, reps: int, repack: bool) -> dict[str, float] | None:
-    """Seconds a step of `rows` tokens (a prompt of that many: logits of its last row), 1 thread, over `reps`
-    timed runs; None where llama-bench crashed."""
-    return llama_bench(llama, file, 1, rows, 0, reps, repack)
-
-
-def llama_batches(llama: LlamaCpp, file: Path, reps: int) -> dict[str, Any]:
-    """Steps of 1 and of BATCHES tokens, each a prompt, with repacked weights as llama.cpp's default, or without
-    where a run with them crashed (this llama.cpp on an AMX CPU: Q4_0 prompts of 4 tokens)."""
+def llama_batches(llama: LlamaCpp, file: Path, reps: int) -> tuple[bool, dict[int, dict[str, float]]]:
+    """Seconds a step of 1 and of BATCHES tokens (a prompt of that many: logits of its last row), 1 thread, over
+    `reps` timed runs each; with weights repacked as llama.cpp's default, or without where a run with them crashed
+    (this llama.cpp on an AMX CPU: Q4_0 prompts of 4 tokens). Returns (repacked, rows -> seconds)."""
     for repack in (True, False):
-        steps = {rows: llama_batch(llama, file, rows, reps, repack) for rows in (1, *BATCHES)}
+        steps = {rows: llama_bench(llama, file, 1, rows, 0, reps, repack) for rows in (1, *BATCHES)}
         if None not in steps.values():
-            return {"repack": repack, "steps": steps}
+            return repack, steps
     raise RuntimeError(f"llama-bench crashed on prompts of {file.name}, repacked or not")
 
 
@@ -151,7 +146,13 @@ def peer_section(e2b_dir: Path, demo: tuple[Path, Path] | None, demo_prompt: lis
     files = gguf_files(llama, target_dir, e2b_dir / "peer", say)
     prompt = random_prompt(target_dir, DEPTH)
     samples: dict[str, list[dict[str, float]]] = {}
-    batches: dict[str, list[dict[str, Any]]] = {name: [] for name in files}
+    repacked: dict[str, list[bool]] = {name: [] for name in files}  # llama.cpp's prompts, rep by rep
+
+    def batches(name: str) -> None:  # llama.cpp's three prompt steps of a rep, each kept as if timed alone
+        repack, steps = llama_batches(llama, files[name], BATCH_REPS)
+        repacked[name].append(repack)
+        for rows, seconds in steps.items():
+            samples.setdefault(f"batch {rows} llama {name}", []).append(seconds)
     # Two phases, each with only its own weights in memory (24 GB does not hold both of ours beside llama.cpp's
     # files: pages read again would show in every time): bf16, then int4 with the two Q4_0 files.
     mtp: dict[str, Any] = {}
@@ -166,25 +167,22 @@ def peer_section(e2b_dir: Path, demo: tuple[Path, Path] | None, demo_prompt: lis
             runs[f"decode {threads} ours {phase}"] = lambda t=threads: threaded(t, lambda: our_step(model, prompt, 1,
                                                                                                    tokens))
         for name in names:
-            runs[f"batches llama {name}"] = lambda name=name: batches[name].append(llama_batches(llama, files[name],
-                                                                                                 BATCH_REPS))
+            runs[f"batches llama {name}"] = lambda name=name: batches(name)
         for rows in (1, *BATCHES):
             runs[f"batch {rows} ours {phase}"] = lambda rows=rows: threaded(1, lambda: our_step(model, prompt, rows,
                                                                                                BATCH_REPS))
         for rep in range(reps):
             for i, (name, run) in enumerate(runs.items()):
                 say(f"peer: {phase}, rep {rep + 1}/{reps}, {i + 1}/{len(runs)}: {name}")
-                samples.setdefault(name, []).append(run())
+                seconds = run()
+                if seconds is not None:  # llama.cpp's prompt steps keep their own
+                    samples.setdefault(name, []).append(seconds)
         if phase == "int4":
             torch.set_num_threads(1)
             q4_0 = statistics.median(s["wall"] for s in samples["decode 1 llama q4_0"])
             mtp = mtp_part(model, assistant_dir, prompt, demo, demo_prompt, k, tokens, reps, q4_0, say)
         del model, runs
         gc.collect()
-    for name, got in batches.items():  # each rep's steps of 1, 4 and 5 tokens, as if timed one by one
-        for rows in (1, *BATCHES):
-            samples[f"batch {rows} llama {name}"] = [b["steps"][rows] for b in got]
-        del samples[f"batches llama {name}"]
     ours = ("bf16", "int4")
     median = {name: {clock: statistics.median(s[clock] for s in got) for clock in ("cpu", "wall")}
               for name, got in samples.items()}
@@ -193,13 +191,14 @@ def peer_section(e2b_dir: Path, demo: tuple[Path, Path] | None, demo_prompt: lis
                            "seconds": median}
     one = {name: median[f"decode 1 {name}"] for name in ("llama bf16", "llama q4_0", "llama q4_0_bf16_head",
                                                             "ours bf16", "ours int4")}
-    out["int4_over_q4_0"] = {c: one["llama q4_0"][c] / one["ours int4"][c] for c in ("cpu", "wall")}
-    out["int4_over_q4_0_bf16_head"] = {c: one["llama q4_0_bf16_head"][c] / one["ours int4"][c] for c in ("cpu", "wall")}
-    out["bf16_over_bf16"] = {c: one["llama bf16"][c] / one["ours bf16"][c] for c in ("cpu", "wall")}
+    for key, theirs, mine in (("int4_over_q4_0", "llama q4_0", "ours int4"),
+                              ("int4_over_q4_0_bf16_head", "llama q4_0_bf16_head", "ours int4"),
+                              ("bf16_over_bf16", "llama bf16", "ours bf16")):  # our speed over theirs
+        out[key] = {clock: one[theirs][clock] / one[mine][clock] for clock in ("cpu", "wall")}
     out["batch_over_decode"] = {f"{who} {name}": {rows: median[f"batch {rows} {who} {name}"]["cpu"]
                                                   / median[f"batch 1 {who} {name}"]["cpu"] for rows in BATCHES}
                                 for who, names in (("llama", files), ("ours", ours)) for name in names}
-    out["llama_repacked_in_batches"] = {name: all(b["repack"] for b in got) for name, got in batches.items()}
+    out["llama_repacked_in_batches"] = {name: all(flags) for name, flags in repacked.items()}
     out["mtp"] = mtp
     return out
 
@@ -265,12 +264,13 @@ def peer_table(result: dict[str, Any]) -> str:
             ("int4/Q4_0 bf16 head", "int4_over_q4_0_bf16_head"))))
     for who, ratios in p["batch_over_decode"].items():
         plain = who.startswith("llama") and not p["llama_repacked_in_batches"][who.removeprefix("llama ")]
+        why = ", weights not repacked: repacked, it crashed" if plain else ""
         lines.append(f"   {who}: " + ", ".join(f"{rows} tokens {fmt(r)} steps" for rows, r in ratios.items())
-                     + " (CPU time over one token" + (", weights not repacked: repacked, it crashed)" if plain else ")"))
-    m = p["mtp"]
-    lines.append(f"   ours int4 + MTP, K = {m['k']}: random assistant acceptance {fmt(m['random_assistant']['acceptance_rate'])}"
-                 f", {fmt(m['random_assistant']['tokens_per_s'])} tokens/s; a draft round {fmt(m['draft_round_over_decode'])}"
-                 f" and a verify {fmt(m['verify_over_decode'])} decode steps")
+                     + f" (CPU time over one token{why})")
+    m, drafted = p["mtp"], p["mtp"]["random_assistant"]
+    lines.append(f"   ours int4 + MTP, K = {m['k']}: random assistant acceptance {fmt(drafted['acceptance_rate'])}, "
+                 f"{fmt(drafted['tokens_per_s'])} tokens/s; a draft round {fmt(m['draft_round_over_decode'])} and a "
+                 f"verify {fmt(m['verify_over_decode'])} decode steps")
     if m.get("demo"):
         lines.append(f"   at the demo's acceptance ({fmt(m['demo']['acceptance_rate'])}, "
                      f"{fmt(m['demo']['tokens_per_round'])} tokens a round): {fmt(m['projected_speedup'])}x plain, "
