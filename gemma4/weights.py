@@ -351,6 +351,7 @@ def check_head(model_dir: Path, prefix: str, index: dict[str, Path]) -> None:
 def load_target(
     path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fast: bool = False,
     progress: Progress | None = None, quantize: str | None = None, shard: "Shard | None" = None,
+    quantize_head: str | None = None,
 ) -> Gemma4Model:
     """The Gemma 4 text model of a local directory or Hub id, in eval mode, without gradients. `fast`: the speed
     layer swapped in (gemma4/fast/); `gemma4.fast.kernels_of(model)` lists the kernel decisions and why each
@@ -359,9 +360,16 @@ def load_target(
     floating-point file's same layers int4 as they are read (gemma4/int4.py; a no-op on an int4 file).
     `shard`: this process is one rank of a tensor-parallel run (gemma4/parallel/): it reads its parts of the
     weights alone and its model reduces what they compute (Shard(0, 1): that path on one rank, as the device check
-    runs it); None is the one-process model."""
+    runs it); None is the one-process model.
+    `quantize_head="int4"` (with `fast`): the tied output head multiplies by an int4 copy of the embedding, made at
+    load by the same recipe, about a third of the bytes a step reads there; logits change, and so may tokens
+    (scripts/benchmark.md states how often its argmax agrees). The embedding stays as the file is."""
     if quantize not in (None, "int4"):
         raise ConfigError(f"quantize={quantize!r}: the one scheme is 'int4' (or None: as the file is)")
+    if quantize_head not in (None, "int4"):
+        raise ConfigError(f"quantize_head={quantize_head!r}: the one scheme is 'int4' (or None: as the file is)")
+    if quantize_head and not fast:
+        raise ConfigError("quantize_head='int4' is a product of the speed layer: load with fast=True")
     model_dir = resolve_model_dir(path)
     if not (model_dir / "config.json").is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
@@ -403,7 +411,8 @@ def load_target(
     if fast:
         from gemma4.fast import make_fast  # here, not at the top: the textbook's imports hold no speed layer
 
-        make_fast(model, file_reader(model_dir, prefix, cuts), ("head", "embed_tokens.weight"), progress=progress)
+        make_fast(model, file_reader(model_dir, prefix, cuts), ("head", "embed_tokens.weight"), progress=progress,
+                  quantize_head=quantize_head)
     if cuts is not None:
         from gemma4.parallel.reduce import parallelize
 

@@ -30,7 +30,8 @@ from gemma4.fast.norms import FastRMSNorm
 from gemma4.fast.rows import RowPlan, measure
 from gemma4.fast.sampling import WHOLE_ROWS
 from gemma4.fast.staging import StagedRows
-from gemma4.int4 import Int4Linear
+from gemma4.config import ConfigError
+from gemma4.int4 import Int4Linear, quantize
 from gemma4.model import MLP, Attention, Gemma4Model
 from gemma4.norms import RMSNorm
 from gemma4.weights import Progress, Reader
@@ -68,13 +69,17 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
 
 @torch.no_grad()
 def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
-              kernels: tuple[str, str] | None = None, progress: Progress | None = None) -> list[Choice]:
+              kernels: tuple[str, str] | None = None, progress: Progress | None = None,
+              quantize_head: str | None = None) -> list[Choice]:
     """Prepare every product of `model` (`groups`, and the tied head `head` = (head module, weight key)) and swap
     in the fast modules. Returns the kernel decisions, one per (shape, dtype).
 
     `kernels`: None takes the rule's kernels (`choose`: the device, dtype and shape decide, no timing); a pair
     (1 row, 2 or more), e.g. ("packed", "packed") or ("mkl", "onednn"), forces those kernels wherever oneDNN can
-    (tests force every choice)."""
+    (tests force every choice).
+
+    `quantize_head="int4"`: the tied head multiplies by an int4 copy of the embedding (`int4_head`), which
+    changes logits and so may change tokens; the embedding itself stays as loaded."""
     choices: dict[tuple[tuple[int, ...], torch.dtype], Choice] = {}
     described: dict[tuple, Choice] = {}  # one decision object per (shape, dtype, kernels), its row plan written in
     todo = groups(model) + ([(head[0], [head[1]])] if head is not None else [])
@@ -99,6 +104,13 @@ def make_fast(model: nn.Module, read: Reader, head: tuple[str, str] | None,
         values = torch.cat(stored) if len(stored) > 1 else stored[0]  # (O1 + O2 + .., I)
         del stored
         is_head = head is not None and name == head[0]
+        if is_head and quantize_head:
+            product, choice = int4_head(values, parts[0].dtype)
+            del values
+            choices[(choice.shape, choice.dtype)] = planned(product, product.multiply, choice.shape, product.dtype,
+                                                            product.device, choice, described)
+            _swap(model, name, FastHead(product))
+            continue
         signature = (tuple(values.shape), values.dtype)
         if signature not in choices:
             choices[signature] = choose(values) if kernels is None else forced(values, kernels)
@@ -169,6 +181,23 @@ def _swap_product(model: nn.Module, name: str, product: Product | Int4Product) -
         _swap(model, name, GateLinear(module, product))
     else:
         _swap(model, name, FastLinear(module, product))
+
+
+# Rows of the head quantized at a time: the recipe's temporaries for the whole (262,144, 1,536) E2B head would be
+# several GB (its nibbles are packed through int64); 16,384 rows take tens of MB.
+HEAD_ROWS = 16384
+
+
+def int4_head(weight: torch.Tensor, dtype: torch.dtype) -> tuple[Int4Product, Choice]:
+    """The tied head's weight (V, E) as an int4 product for activations of `dtype`, by the release recipe
+    (gemma4/int4.py `quantize`: symmetric, a bf16 scale per group of 32, round to nearest) in the weight's dtype.
+    Bytes a step reads: 0.31 of bfloat16's (0.5 a weight and a scale and a zero per 32). Raises ConfigError where
+    no int4 kernel takes it (its size, the dtype or the device)."""
+    words, scales = zip(*(quantize(rows) for rows in weight.split(HEAD_ROWS)))  # (V, E/8) and (V, G) in pieces
+    product, choice = int4_product(torch.cat(words), torch.cat(scales), dtype)
+    if product is None:
+        raise ConfigError(f"quantize_head='int4': {choice.why}; there the head cannot be quantized, drop it")
+    return product, replace(choice, why=choice.why + ", the tied head quantized at load")
 
 
 def dequantizing(model: nn.Module, name: str, choice: Choice, described: dict[tuple, Choice]) -> Choice:

@@ -39,7 +39,8 @@ from bench.llama_cpp import LlamaCpp, find, gguf_files
 from bench.random_pair import e2b_configs, random_prompt, write_pair
 from bench.report import at_least, fmt
 from bench.timing import prefilled
-from gemma4 import load_target
+from gemma4 import greedy_generate, load_target
+from gemma4.fast.apply import int4_head
 from gemma4.engine.forward import forward_rows
 from mtp import DraftLength, load_drafter, speculative_generate
 
@@ -50,10 +51,14 @@ BATCHES = (4, 5)  # the rows of a verify of 3 and of 4 drafts
 DEPTH = 16  # positions in the cache before each timed step: the prompt
 BATCH_REPS = 8  # timed repetitions of a step of 1, 4 or 5 tokens
 DEMO_TOKENS = 64  # new tokens of the demo pair's run that gives the acceptance projected at
+HEAD_TOKENS = 512  # the demo's greedy tokens over which the int4 head's argmax is compared with the bf16 head's
+E2B_HEAD_TOKENS = 128  # at least these greedy tokens of the E2B int4 target for the same comparison
 GOALS = (("peer: int4 decode, ours / llama.cpp Q4_0, 1 thread, CPU time", ("int4_over_q4_0", "cpu"), 1.0),
+         ("peer: int4 decode, the head int4 too, ours / llama.cpp Q4_0, 1 thread, CPU time",
+          ("int4_head_over_q4_0", "cpu"), 1.0),
          ("peer: bf16 decode, ours / llama.cpp BF16, 1 thread, CPU time", ("bf16_over_bf16", "cpu"), 1.0),
-         ("peer: ours int4 + MTP at the demo's acceptance / llama.cpp Q4_0 plain", ("mtp", "projected_over_q4_0"),
-          1.5))
+         ("peer: ours int4 + MTP at the demo's acceptance, best K / llama.cpp Q4_0 plain",
+          ("mtp", "int4", "best_over_q4_0"), 1.5))
 
 
 # ---------------------------------------------------------------- llama.cpp's side
@@ -158,19 +163,24 @@ def peer_section(e2b_dir: Path, demo: tuple[Path, Path] | None, demo_prompt: lis
     mtp: dict[str, Any] = {}
     for phase, names in (("bf16", ("bf16",)), ("int4", ("q4_0", "q4_0_bf16_head"))):
         say(f"peer: loading ours in {phase}{' (quantized at load)' if phase == 'int4' else ''}, with the speed layer")
-        model = load_target(target_dir, BF16, fast=True, quantize="int4" if phase == "int4" else None)
+        # int4: also the head quantized (--quantize-head int4), Q4_0's counterpart; the two share the file's pages
+        models = {phase: load_target(target_dir, BF16, fast=True, quantize="int4" if phase == "int4" else None)}
+        if phase == "int4":
+            models["int4_head"] = load_target(target_dir, BF16, fast=True, quantize="int4", quantize_head="int4")
         runs: dict[str, Callable[[], Any]] = {}
         for threads in THREADS:
             for name in names:
                 runs[f"decode {threads} llama {name}"] = lambda f=files[name], t=threads: llama_decode(llama, f, t,
                                                                                                       tokens)
-            runs[f"decode {threads} ours {phase}"] = lambda t=threads: threaded(t, lambda: our_step(model, prompt, 1,
-                                                                                                   tokens))
+            for mine, model in models.items():
+                runs[f"decode {threads} ours {mine}"] = lambda t=threads, m=model: threaded(
+                    t, lambda: our_step(m, prompt, 1, tokens))
         for name in names:
             runs[f"batches llama {name}"] = lambda name=name: batches(name)
         for rows in (1, *BATCHES):
-            runs[f"batch {rows} ours {phase}"] = lambda rows=rows: threaded(1, lambda: our_step(model, prompt, rows,
-                                                                                               BATCH_REPS))
+            for mine, model in models.items():
+                runs[f"batch {rows} ours {mine}"] = lambda rows=rows, m=model: threaded(
+                    1, lambda: our_step(m, prompt, rows, BATCH_REPS))
         for rep in range(reps):
             for i, (name, run) in enumerate(runs.items()):
                 say(f"peer: {phase}, rep {rep + 1}/{reps}, {i + 1}/{len(runs)}: {name}")
@@ -180,19 +190,22 @@ def peer_section(e2b_dir: Path, demo: tuple[Path, Path] | None, demo_prompt: lis
         if phase == "int4":
             torch.set_num_threads(1)
             q4_0 = statistics.median(s["wall"] for s in samples["decode 1 llama q4_0"])
-            mtp = mtp_part(model, assistant_dir, prompt, demo, demo_prompt, k, tokens, reps, q4_0, say)
-        del model, runs
+            for mine, model in models.items():
+                mtp[mine] = mtp_part(model, assistant_dir, prompt, demo, demo_prompt, k, tokens, reps, q4_0, say)
+            agreement = head_agreement(models["int4"], prompt, tokens, demo, demo_prompt)
+        del models, runs
         gc.collect()
-    ours = ("bf16", "int4")
+    ours = ("bf16", "int4", "int4_head")
     median = {name: {clock: statistics.median(s[clock] for s in got) for clock in ("cpu", "wall")}
               for name, got in samples.items()}
     out: dict[str, Any] = {"llama_cpp": str(llama.source), "files": {n: str(f) for n, f in files.items()},
                            "target": str(target_dir), "depth": DEPTH, "tokens": tokens, "reps": reps,
                            "seconds": median}
     one = {name: median[f"decode 1 {name}"] for name in ("llama bf16", "llama q4_0", "llama q4_0_bf16_head",
-                                                            "ours bf16", "ours int4")}
+                                                            "ours bf16", "ours int4", "ours int4_head")}
     for key, theirs, mine in (("int4_over_q4_0", "llama q4_0", "ours int4"),
                               ("int4_over_q4_0_bf16_head", "llama q4_0_bf16_head", "ours int4"),
+                              ("int4_head_over_q4_0", "llama q4_0", "ours int4_head"),
                               ("bf16_over_bf16", "llama bf16", "ours bf16")):  # our speed over theirs
         out[key] = {clock: one[theirs][clock] / one[mine][clock] for clock in ("cpu", "wall")}
     out["batch_over_decode"] = {f"{who} {name}": {rows: median[f"batch {rows} {who} {name}"]["cpu"]
@@ -200,6 +213,7 @@ def peer_section(e2b_dir: Path, demo: tuple[Path, Path] | None, demo_prompt: lis
                                 for who, names in (("llama", files), ("ours", ours)) for name in names}
     out["llama_repacked_in_batches"] = {name: all(flags) for name, flags in repacked.items()}
     out["mtp"] = mtp
+    out["head_agreement"] = agreement
     return out
 
 
@@ -211,8 +225,9 @@ def threaded(threads: int, run: Callable[[], dict[str, float]]) -> dict[str, flo
 def mtp_part(target: Any, assistant_dir: Path, prompt: list[int], demo: tuple[Path, Path] | None,
              demo_prompt: list[int], k: int, tokens: int, reps: int, q4_0: float,
              say: Callable[[str], None]) -> dict[str, Any]:
-    """Ours int4 + MTP at E2B's geometry (1 thread): measured with the random assistant, and projected at the demo
-    pair's acceptance (the demo's target quantized at load, K = k) from the E2B step costs."""
+    """Ours int4 + MTP at E2B's geometry (1 thread): measured with the random assistant at K = k, and projected at
+    the demo pair's acceptance (its target quantized at load like this one, the demo run at each K in 1..MAX_K)
+    from the E2B step costs: tokens a round / (a draft round + a verify, in decode steps), and the best K."""
     drafter = load_drafter(assistant_dir, BF16, fast=True, target=target)
     say(f"peer: ours int4 + MTP, K = {k}, and the E2B step costs")
     costs = cost_section(target, drafter, prompt, reps)
@@ -221,19 +236,43 @@ def mtp_part(target: Any, assistant_dir: Path, prompt: list[int], demo: tuple[Pa
     spec_s = time.perf_counter() - start
     out: dict[str, Any] = {"k": k, "random_assistant": {"acceptance_rate": measured.stats.acceptance_rate,
                                                         "tokens_per_s": len(measured.tokens) / spec_s},
-                           "draft_round_over_decode": costs["draft_round_over_decode"][k],
-                           "verify_over_decode": costs["verify_over_decode"][k], "decode_s": costs["decode_s"]}
+                           "draft_round_over_decode": costs["draft_round_over_decode"],
+                           "verify_over_decode": costs["verify_over_decode"], "decode_s": costs["decode_s"]}
     if demo is None:
         return out | {"projected": None}
     demo_target = load_target(demo[0], BF16, fast=True, quantize="int4")
-    run = speculative_generate(demo_target, load_drafter(demo[1], BF16, fast=True, target=demo_target),
-                               demo_prompt, DEMO_TOKENS, DraftLength(k))
-    per_round = run.stats.emitted / max(1, run.stats.target_forwards - 1)  # new tokens a verify, prefill aside
-    speedup = per_round / (out["draft_round_over_decode"] + out["verify_over_decode"])
-    out["demo"] = {"acceptance_rate": run.stats.acceptance_rate, "tokens_per_round": per_round}
-    out["projected_speedup"] = speedup
-    # Ours int4 + MTP tokens/s at the demo's acceptance against llama.cpp's plain Q4_0, wall clock:
-    out["projected_over_q4_0"] = speedup * q4_0 / out["decode_s"]
+    demo_drafter = load_drafter(demo[1], BF16, fast=True, target=demo_target)
+    out["demo"], speedup = {}, {}
+    for n in costs["verify_over_decode"]:  # K = 1..MAX_K
+        run = speculative_generate(demo_target, demo_drafter, demo_prompt, DEMO_TOKENS, DraftLength(n))
+        per_round = run.stats.emitted / max(1, run.stats.target_forwards - 1)  # new tokens a verify, prefill aside
+        out["demo"][n] = {"acceptance_rate": run.stats.acceptance_rate, "tokens_per_round": per_round}
+        speedup[n] = per_round / (costs["draft_round_over_decode"][n] + costs["verify_over_decode"][n])
+    best = max(speedup, key=speedup.get)
+    out["projected_speedup"], out["best_k"] = speedup, best
+    # Ours int4 + MTP tokens/s at the demo's acceptance against llama.cpp's plain Q4_0, wall clock, at K = k and
+    # at the best K (the one `auto`, the int4 default, would learn at these costs):
+    out["projected_over_q4_0"] = {n: speedup[n] * q4_0 / out["decode_s"] for n in (k, best)}
+    out["best_over_q4_0"] = out["projected_over_q4_0"][best]
+    return out
+
+
+@torch.inference_mode()
+def head_agreement(target: Any, prompt: list[int], tokens: int, demo: tuple[Path, Path] | None,
+                   demo_prompt: list[int], demo_tokens: int = HEAD_TOKENS) -> dict[str, Any]:
+    """How often the int4 head (--quantize-head int4) picks the bf16 head's argmax, on the same final hidden
+    states: the E2B int4 target's (random weights) over its prompt and `tokens` greedy tokens, and the demo
+    target's (bf16, quantized at load) over its prompt and `demo_tokens` greedy tokens, every position."""
+    out: dict[str, Any] = {}
+    sets = [("e2b_random", target, prompt, max(tokens, E2B_HEAD_TOKENS))]
+    if demo is not None:
+        sets.append(("demo", load_target(demo[0], BF16, fast=True, quantize="int4"), demo_prompt, demo_tokens))
+    for name, model, ids, n in sets:
+        text = ids + greedy_generate(model, ids, n)
+        hidden = model(text).hidden  # (T, E) after the final norm, every position
+        plain = model.head(hidden, model.embed_tokens.weight).argmax(-1)  # (T,)
+        quantized = int4_head(model.embed_tokens.weight, BF16)[0](hidden).argmax(-1)  # (T,)
+        out[name] = {"positions": len(text), "agreement": (plain == quantized).float().mean().item()}
     return out
 
 
@@ -253,26 +292,33 @@ def peer_table(result: dict[str, Any]) -> str:
     s = p["seconds"]
     lines = ["", f"== peer: llama.cpp ({p['llama_cpp']}) and ours on one E2B geometry, vocabulary {FULL_VOCAB}, depth "
                  f"{p['depth']}; medians of {p['reps']} alternating reps; seconds a step, CPU time / wall"]
+    names = ("llama bf16", "ours bf16", "llama q4_0", "llama q4_0_bf16_head", "ours int4", "ours int4_head")
     for threads in THREADS:
         row = ", ".join(f"{name} {fmt(s[f'decode {threads} {name}']['cpu'], '.3f')} / "
-                        f"{fmt(s[f'decode {threads} {name}']['wall'], '.3f')}"
-                        for name in ("llama bf16", "ours bf16", "llama q4_0", "llama q4_0_bf16_head", "ours int4"))
+                        f"{fmt(s[f'decode {threads} {name}']['wall'], '.3f')}" for name in names)
         lines.append(f"   decode, {threads} thread{'s' if threads > 1 else ''}: {row}")
     lines.append("   ours / llama.cpp speed, 1 thread (CPU; wall): " + "; ".join(
         f"{label} {fmt(p[key]['cpu'])}; {fmt(p[key]['wall'])}" for label, key in (
             ("bf16/BF16", "bf16_over_bf16"), ("int4/Q4_0", "int4_over_q4_0"),
-            ("int4/Q4_0 bf16 head", "int4_over_q4_0_bf16_head"))))
+            ("int4/Q4_0 bf16 head", "int4_over_q4_0_bf16_head"), ("int4 head int4/Q4_0", "int4_head_over_q4_0"))))
     for who, ratios in p["batch_over_decode"].items():
         plain = who.startswith("llama") and not p["llama_repacked_in_batches"][who.removeprefix("llama ")]
         why = ", weights not repacked: repacked, it crashed" if plain else ""
         lines.append(f"   {who}: " + ", ".join(f"{rows} tokens {fmt(r)} steps" for rows, r in ratios.items())
                      + f" (CPU time over one token{why})")
-    m, drafted = p["mtp"], p["mtp"]["random_assistant"]
-    lines.append(f"   ours int4 + MTP, K = {m['k']}: random assistant acceptance {fmt(drafted['acceptance_rate'])}, "
-                 f"{fmt(drafted['tokens_per_s'])} tokens/s; a draft round {fmt(m['draft_round_over_decode'])} and a "
-                 f"verify {fmt(m['verify_over_decode'])} decode steps")
-    if m.get("demo"):
-        lines.append(f"   at the demo's acceptance ({fmt(m['demo']['acceptance_rate'])}, "
-                     f"{fmt(m['demo']['tokens_per_round'])} tokens a round): {fmt(m['projected_speedup'])}x plain, "
-                     f"{fmt(m['projected_over_q4_0'])}x llama.cpp's plain Q4_0 (wall)")
+    for mine, m in p["mtp"].items():
+        k, drafted = m["k"], m["random_assistant"]
+        lines.append(f"   ours {mine} + MTP, K = {k}: random assistant acceptance {fmt(drafted['acceptance_rate'])}, "
+                     f"{fmt(drafted['tokens_per_s'])} tokens/s; a draft round {fmt(m['draft_round_over_decode'][k])} "
+                     f"and a verify {fmt(m['verify_over_decode'][k])} decode steps")
+        if m.get("demo"):
+            best = m["best_k"]
+            lines.append(f"     at the demo's acceptance: " + ", ".join(
+                f"K = {n} {fmt(m['demo'][n]['tokens_per_round'])} tokens a round, {fmt(m['projected_speedup'][n])}x"
+                for n in m["demo"]) + " plain")
+            lines.append(f"     K = {k}: {fmt(m['projected_over_q4_0'][k])}x llama.cpp's plain Q4_0 (wall); the best, "
+                         f"K = {best}: {fmt(m['best_over_q4_0'])}x")
+    for name, a in p.get("head_agreement", {}).items():
+        lines.append(f"   the int4 head's argmax = the bf16 head's, {name}: {fmt(a['agreement'], '.4f')} of "
+                     f"{a['positions']} positions")
     return "\n".join(lines)

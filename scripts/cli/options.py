@@ -121,6 +121,7 @@ class ModelFlags:
     compile: bool
     reference: bool
     quantize: str | None
+    quantize_head: str | None
     prefill_chunk: int | None
     image_tokens: int | None
 
@@ -146,9 +147,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", choices=SCHEDULES,
                    help="how the drafts per round adapt: constant K; heuristic, K+2 after a fully accepted round "
                         "and K-1 otherwise; heuristic_transient, the same restarting at K every call; auto, the K "
-                        "that measured costs and acceptance say is fastest (default: constant)")
+                        "that measured costs and acceptance say is fastest (default: auto for an int4 target, whose verify "
+                        "costs grow with its rows, constant otherwise)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop on the target's stop ids")
-    p.add_argument("--dtype", choices=list(DTYPES), help="(default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--dtype", choices=list(DTYPES),
+                   help="(default: bfloat16 on CUDA and for an int4 target, whose releases are w4a16; float32 "
+                        "otherwise)")
     p.add_argument("--device", metavar="DEVICE", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
     p.add_argument("--threads", metavar="N", type=int,
                    help="CPU threads for torch (default: 1 for targets of hidden size below 256, like the demo, "
@@ -177,6 +181,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="int4: the target's projections quantized as they load, in the layout and by the recipe of "
                         "Google's w4a16 releases (about 0.28 of their bfloat16 bytes; the drafter stays as it is). "
                         "An int4 checkpoint loads as int4 without it (default: as the checkpoint is)")
+    p.add_argument("--quantize-head", choices=["int4"],
+                   help="int4: the output head (the tied embedding) multiplied by an int4 copy made at load by the "
+                        "same recipe, a third of its bytes a step (E2B's head is 0.8 GB of a 2 GB int4 step). It "
+                        "changes logits, so tokens may differ from the checkpoint's; speculative still equals plain "
+                        "(default: the head as the checkpoint is)")
     p.add_argument("--prefill-chunk", metavar="C", type=int,
                    help=f"run a prompt (a chat turn's new text) in forwards of at most C positions: a prefill's "
                         f"memory then grows with the prompt only through the full layers' cache "
@@ -212,6 +221,9 @@ def check_values(a: ModelFlags) -> None:
         raise UsageError(f"--prefill-chunk must be at least 1, got {a.prefill_chunk}")
     if why := refusal(a.compile, a.schedule):
         raise UsageError(why)
+    if a.reference and a.quantize_head:
+        raise UsageError("--quantize-head is a product of the speed layer and --reference runs the textbook's "
+                         "modules: drop one of the two")
     if a.reference and a.compile:
         raise UsageError("--reference runs the textbook's modules and --compile the speed layer's static steps: "
                          "drop one of the two")
@@ -349,29 +361,42 @@ def int4_note(model: torch.nn.Module, target_dir: Path) -> str:
     return f", {layers} int4 layers{'' if check_scheme(read_json(target_dir / 'config.json')) else ' quantized at load'}"
 
 
+def int4_target(a: ModelFlags, target_dir: Path) -> bool:
+    """Whether the target multiplies by int4 weights: an int4 file, --quantize int4 or --quantize-head int4."""
+    config = target_dir / "config.json"  # none: the loader says so
+    return bool(a.quantize or a.quantize_head or (config.is_file() and check_scheme(read_json(config))))
+
+
+def default_dtype(dev: torch.device, int4: bool) -> str:
+    """bfloat16 on CUDA, and for an int4 target anywhere: the releases are w4a16, 16-bit activations, and torch's
+    CPU int4 kernel has a vector path for bfloat16 activations alone (float32 takes a scalar loop, many times
+    slower a product: gemma4/fast/int4.py). float32 otherwise on the CPU."""
+    return "bfloat16" if dev.type == "cuda" or int4 else "float32"
+
+
 def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Path = DEMO_TARGET,
                      raw: bool = False, quiet: bool = False) -> tuple[Target, torch.device, torch.dtype]:
     """Device, dtype and the target, with the sampling settings resolved and checked. `say` prints one
     header line (to stderr, or nowhere). `raw`: --raw was given, refused here for a target without a chat
     template, before the weights load. `quiet` (--json): no progress bar while it loads."""
     dev = pick_device(a.device)
-    dtype = DTYPES[a.dtype or ("bfloat16" if dev.type == "cuda" else "float32")]
     name = a.target or shown_path(demo_target)
     if a.target is None and not demo_target.is_dir():
         raise UsageError(f"the demo pair is missing from {demo_target.parent}: restore it from git, or pass --target")
     target_dir = resolve_model_dir(name)  # a Hub id is downloaded here
+    dtype = DTYPES[a.dtype or default_dtype(dev, int4_target(a, target_dir))]
     sampler, from_file = sampler_from(a, target_dir)  # before the weights load: a refusal costs nothing
     if raw and not has_chat_template(target_dir):
         refuse("--raw", f"{name} has no chat template, so --prompt is sent as it is already: drop --raw")
     shard = ranks(dev)  # under torchrun: this rank's part of the model (cli/parallel.py)
     model = load_target(target_dir, dtype, dev, fast=not a.reference, progress=watched(name, quiet),
-                        quantize=a.quantize, shard=shard)
+                        quantize=a.quantize, shard=shard, quantize_head=a.quantize_head)
     use_threads(model.config.hidden_size, a.threads)  # the one thread rule (cli/threads.py)
     tokenizer = Gemma4Tokenizer(target_dir / "tokenizer.json") if (target_dir / "tokenizer.json").is_file() else None
     stops = [] if a.ignore_eos else stop_ids(target_dir)
     say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
         f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'}"
-        f"{int4_note(model, target_dir)}{', --reference: the textbook modules' if a.reference else ''}"
+        f"{int4_note(model, target_dir)}{', the head int4' if a.quantize_head else ''}{', --reference: the textbook modules' if a.reference else ''}"
         f"{f', tensor-parallel on {shard.world} ranks' if shard else ''})")
     target = Target(name, target_dir, model, tokenizer, chat=has_chat_template(target_dir),
                     empty_thought=needs_empty_thought(model.config, chat_template(target_dir)), stops=stops,
@@ -407,13 +432,24 @@ def load_assistant_from(a: ModelFlags, target: Target, dev: torch.device, dtype:
         if k < 1:
             raise ConfigError(f"{gen}: num_assistant_tokens is {k}, at least 1 drafts a round: correct the file, "
                               f"or give --num-assistant-tokens")
-    schedule = a.schedule or "constant"
+    schedule = a.schedule or default_schedule(a, target)
     copies = (f", whole on every rank: its {drafter.config.text.num_heads} query heads do not split across "
               f"{target.shard.world}") if whole else ""
-    say(f"assistant  {name} ({k} drafts per round, {schedule} schedule{copies})")
+    why = ", the default for an int4 target" if schedule == "auto" and a.schedule is None else ""
+    say(f"assistant  {name} ({k} drafts per round, {schedule} schedule{why}{copies})")
     # auto chooses K in 0..max_k: at least the default 8, or the K asked for
     length = DraftLength(k, schedule, max_k=max(MAX_K, k)) if schedule == "auto" else DraftLength(k, schedule)
     return Assistant(name, drafter, length, a.drafting or "argmax")
+
+
+def default_schedule(a: ModelFlags, target: Target) -> str:
+    """`auto` for a target with int4 products, `constant` otherwise. Torch's CPU int4 kernel dequantizes its
+    weights once per 4 rows, so a verify's cost grows with its rows (at E2B a 5-row verify costs about 1.8 decode
+    steps, a 4-row one 1.3: scripts/benchmark.md): the K that pays is measured, not taken from the release.
+    Not under --compile (each K is a step compiled before the run) nor tensor-parallel (ranks that time
+    differently would draft differently)."""
+    int4 = a.quantize_head or any(hasattr(module, "weight_packed") for module in target.model.modules())
+    return "auto" if int4 and not a.compile and target.shard is None else "constant"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import torch
 
 import benchmark
 from bench.llama_cpp import FIRST_ORDINARY, tokenizer
-from bench.peer import our_step, peer_table
+from bench.peer import E2B_HEAD_TOKENS, head_agreement, our_step, peer_table
 from gemma4 import load_target
 
 
@@ -47,3 +47,12 @@ def test_our_step_times_a_forward_in_cpu_and_wall_time(pair: tuple[Path, Path]) 
         seconds = our_step(target, [2, 5, 9, 7], rows, 2)
         assert seconds["cpu"] > 0 and seconds["wall"] > 0
     assert torch.is_grad_enabled()  # timed under inference mode, left as it was
+
+
+def test_head_agreement_compares_the_two_heads_at_every_position(pair: tuple[Path, Path]) -> None:
+    """The int4 head's argmax against the bf16 head's on the same hidden states: a share of every position of
+    the prompt and its greedy tokens, 1.0 where the two heads are the same product."""
+    target = load_target(pair[0], torch.bfloat16, fast=True, quantize="int4")
+    got = head_agreement(target, [2, 5, 9, 7], 6, pair, [2, 11, 13], demo_tokens=20)
+    assert got["e2b_random"]["positions"] == 4 + E2B_HEAD_TOKENS and got["demo"]["positions"] == 23
+    assert all(0.5 <= g["agreement"] <= 1 for g in got.values())  # the same hidden states: mostly the same argmax

@@ -60,7 +60,9 @@ def test_quantize_int4_on_the_demo(capsys: pytest.CaptureFixture) -> None:
     status, out, err = run_inprocess(capsys, ["--quantize", "int4", "--max-new-tokens", "8", "--temperature", "0",
                                               "--prompt-ids", ",".join(map(str, IDS)), "--json"])
     assert status == 0, err
-    assert json.loads(out)["tokens"] == greedy_generate(load_target(DEMO / "target", quantize="int4"), IDS, 8)
+    # An int4 target runs in bfloat16 unless --dtype says otherwise (w4a16: the releases' activations).
+    demo = load_target(DEMO / "target", torch.bfloat16, quantize="int4")
+    assert json.loads(out)["tokens"] == greedy_generate(demo, IDS, 8)
 
 
 def test_an_int4_target_runs(int4_pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
@@ -71,11 +73,13 @@ def test_an_int4_target_runs(int4_pair: tuple[Path, Path], capsys: pytest.Captur
     assert status == 0, err
     assert header(err).endswith(", 67 int4 layers)"), header(err)  # as the file stores them: not "quantized at load"
     assert "identical tokens     yes" in err
-    expected = speculative_generate(load_target(target), load_drafter(assistant), IDS, 12, DraftLength(3)).tokens
+    bf16 = torch.bfloat16  # an int4 target's default dtype
+    expected = {fast: speculative_generate(load_target(target, bf16, fast=fast), load_drafter(assistant, bf16, fast=fast),
+                                           IDS, 12, DraftLength(3)).tokens for fast in (True, False)}
     for flags in ([], ["--reference"], ["--quantize", "int4"]):  # speed layer, textbook; --quantize: a no-op here
         status, out, err = run_inprocess(capsys, [*common, *flags, "--prompt-ids", ",".join(map(str, IDS)), "--json"])
         assert status == 0, err
-        assert json.loads(out)["tokens"] == expected, flags
+        assert json.loads(out)["tokens"] == expected["--reference" not in flags], flags
 
 
 def test_chat_quantize_int4_turns_equal_generate(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
@@ -118,3 +122,43 @@ def test_a_quantized_assistant_is_refused(int4_pair: tuple[Path, Path], tmp_path
     status, out, err = run_inprocess(capsys, ["--target", str(int4_pair[0]), "--assistant", str(assistant),
                                               "--prompt", "hi", "--max-new-tokens", "4"])
     assert_one_line_failure(status, out, err, "assistants load in floating point only")
+
+
+def test_an_int4_target_defaults_to_bfloat16_and_the_auto_schedule(int4_pair: tuple[Path, Path],
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """The two int4 defaults (scripts/README.md): bfloat16 activations, and `auto` draft lengths, each said in the
+    header; a flag given keeps its value. The tokens are plain decoding's whatever the schedule."""
+    target, assistant = int4_pair
+    common = ["--target", str(target), "--assistant", str(assistant), "--max-new-tokens", "10", "--temperature", "0",
+              "--prompt-ids", ",".join(map(str, IDS))]
+    plain = {dtype: greedy_generate(load_target(target, getattr(torch, dtype), fast=True), IDS, 10)
+             for dtype in ("bfloat16", "float32")}
+    for flags, dtype, schedule in (([], "bfloat16", "auto schedule, the default for an int4 target"),
+                                   (["--dtype", "float32"], "float32", "auto schedule, the default for an int4 target"),
+                                   (["--schedule", "constant"], "bfloat16", "constant schedule")):
+        status, out, err = run_inprocess(capsys, [*common, *flags])
+        assert status == 0, err
+        assert header(err).startswith(f"target     {target} ({dtype} on cpu"), header(err)
+        assert f"drafts per round, {schedule})" in err, err
+        status, out, err = run_inprocess(capsys, [*common, *flags, "--json"])  # --json prints no header
+        assert status == 0, err
+        assert json.loads(out)["tokens"] == plain[dtype], flags
+    status, out, err = run_inprocess(capsys, ["--max-new-tokens", "4", "--prompt-ids", "2,5,9"])  # the demo, float
+    assert status == 0, err
+    assert "(float32 on cpu" in header(err) and "constant schedule)" in err
+
+
+def test_quantize_head_int4_through_the_commands(pair: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    """--quantize-head int4: the library's tokens with quantize_head="int4", said in the header, speculative ==
+    plain; refused with --reference in one line."""
+    common = ["--target", str(pair[0]), "--assistant", str(pair[1]), "--max-new-tokens", "10", "--temperature", "0",
+              "--quantize-head", "int4"]
+    status, out, err = run_inprocess(capsys, [*common, "--prompt", "hi", "--compare"])
+    assert status == 0 and "identical tokens     yes" in err, err
+    assert header(err).endswith(", the head int4)") and "(bfloat16 on cpu" in header(err), header(err)
+    status, out, err = run_inprocess(capsys, [*common, "--prompt-ids", ",".join(map(str, IDS)), "--json"])
+    assert status == 0, err
+    model = load_target(pair[0], torch.bfloat16, fast=True, quantize_head="int4")
+    assert json.loads(out)["tokens"] == greedy_generate(model, IDS, 10)
+    status, out, err = run_inprocess(capsys, [*common, "--reference", "--prompt", "hi"])
+    assert_one_line_failure(status, out, err, "--quantize-head is a product of the speed layer")
