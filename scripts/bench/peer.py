@@ -4,7 +4,8 @@
 
 The bf16 section's random pair at E2B's dimensions (vocabulary 262,144), and llama.cpp's own conversion of its target
 (bench/llama_cpp.py): bf16, Q4_0, and Q4_0 with the tied head kept in bfloat16 (what a w4a16 release keeps). Ours:
-the same file with the speed layer, in bfloat16 and quantized to int4 at load (Google's w4a16 recipe).
+the same file with the speed layer, in bfloat16, quantized to int4 at load (Google's w4a16 recipe), and that with
+its head in int4 too (`int4_head`, --quantize-head int4: the counterpart of Q4_0's quantized head).
 
 - `decode`: one token a step, at 1 and 2 threads: llama.cpp's `llama-bench -p 0 -n N`, ours a decode step at the
   same depth. Seconds a token in wall time and in process CPU time: on a shared machine only CPU time is stable.
@@ -12,9 +13,11 @@ the same file with the speed layer, in bfloat16 and quantized to int4 at load (G
   the last row only), ours a verify of 4 or 5 rows (logits of every row: a verify needs them all). llama.cpp
   repacks its weights for the CPU by default; where a prompt run with them crashes (this llama.cpp's Q4_0 on a
   CPU with AMX), that file's three steps run without (`--repack 0`, `llama_repacked_in_batches`).
-- `mtp`: ours int4 + the E2B-geometry assistant (random: its drafts are almost never kept, the acceptance is
-  stated), speculative against plain tokens/s; and the same at the demo pair's acceptance, projected from the E2B
-  step costs measured here (bench/costs.py): tokens a round / (a draft round + a verify, in decode steps).
+- `mtp`: ours int4 (and int4_head) + the E2B-geometry assistant (random: its drafts are almost never kept, the
+  acceptance is stated), speculative against plain tokens/s; and the same at the demo pair's acceptance, projected
+  from the E2B step costs measured here (bench/costs.py) for every K: tokens a round / (a draft round + a verify,
+  in decode steps), and the best K.
+- `head_agreement`: how often the int4 head's argmax is the bf16 head's, on the same hidden states.
 Every measurement alternates between the two programs, rep by rep, and each figure is a median over reps.
 
 A llama.cpp run's CPU time is read from /proc while it runs, from the start of its first timed run to its report
