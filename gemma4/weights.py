@@ -160,6 +160,15 @@ IMAGE_PREFIXES = ("model.vision_tower.", "model.vision_embedder.", "model.embed_
 AUDIO_PREFIXES = ("model.audio_tower.", "model.embed_audio.")
 
 
+class HubUnreachable(CheckpointError):
+    """A Hub id whose files are neither in the cache nor reachable: `repo_id` names it (a command adds the other
+    repos the run needs)."""
+
+    def __init__(self, message: str, repo_id: str) -> None:
+        super().__init__(message)
+        self.repo_id = repo_id
+
+
 def hub_reachable(endpoint: str, seconds: float = 5.0) -> bool:
     """Whether the Hub's host takes a connection within `seconds`. Without a network the Hub client retries each
     file for about 25 s before it fails; asked first, an offline run uses the cache alone and fails at once."""
@@ -184,10 +193,10 @@ def _download(repo_id: str, images: bool = False, audio: bool = False) -> Path:
             if not required:
                 return None
             if offline:
-                raise CheckpointError(
+                raise HubUnreachable(
                     f"{repo_id} is not on this machine ({name} is not in the Hugging Face cache) and the Hub cannot "
                     f"be reached: download it where there is a network (hf download {repo_id} --local-dir DIR) and "
-                    f"pass that directory in place of the id") from None
+                    f"pass that directory in place of the id", repo_id) from None
             if isinstance(e, EntryNotFoundError) and not isinstance(e, LocalEntryNotFoundError):
                 raise CheckpointError(f"Hub repo {repo_id} has no {name}") from None
             if isinstance(e, RepositoryNotFoundError):
@@ -420,4 +429,4 @@ def load_target(
     return model
 
 
-__all__ = ["CheckpointError", "ConfigError", "file_reader", "load_target", "read_state_dict", "resolve_model_dir"]
+__all__ = ["CheckpointError", "ConfigError", "HubUnreachable", "file_reader", "load_target", "read_state_dict", "resolve_model_dir"]

@@ -30,13 +30,89 @@
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from cli.flags import RULES, Parser, add_model_options, launched
 from cli.startup import quiet_interrupt
+
+PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
+FENCE = '"""'  # a line holding only this opens and closes a multi-line message
+COMPILED_CONTEXT = 8192  # --compile's default context: its static cache is read whole by every compiled step
+HELP = f"""\
+type a message and Enter; a line {FENCE} opens and closes a message of several lines
+/image PATH or /audio PATH (a WAV file) adds an image or a clip to your next message, /reset starts over,
+/stats shows the last turn's figures, /exit (or /bye, /quit) or Ctrl-D leaves; Ctrl-C stops a reply"""
+LEAVE = ("/exit", "/bye", "/quit")  # ours, and ollama's and llama-cli's
+ASK = ("exit", "quit", "bye")  # a bare word that may mean "leave": asked about, not sent
+NO_VIDEO = ("chat takes no video (a conversation holds images and clips): send a video with generate.py "
+            "--video-frames DIR --fps N, or attach single frames as images with /image PATH")
+
+
+# ---------------------------------------------------------------- command line
+
+DESCRIPTION = """\
+A conversation with a Gemma 4 target and its MTP assistant on one KV cache: each turn reuses the
+cached positions it shares with the previous ones and prefills only the rest. With no arguments: the
+bundled demo pair (scripts/demo), a model of Python source that never saw chat turns."""
+COMMANDS = f"""\
+in the conversation:
+{HELP}
+Ctrl-C at the prompt drops the line; a second Ctrl-C in a row leaves. --max-new-tokens counts per turn.
+/reset also drops the images and clips attached for the next message, and says so. A video is generate.py's
+--video-frames: /video says so. A message that cannot be sent (past --context, text that is not UTF-8) is one
+line and the conversation goes on. --system and --think need a chat template (the demo has none).
+--json: stdin lines are user turns (a line /reset resets, /image PATH adds an image, /audio PATH a clip, /exit,
+/bye or /quit leaves); stdout gets one JSON object per turn on one line: turn, prompt_ids, reused, prefilled, tokens, text,
+finish_reason, stats (a turn not sent, an image or clip not attached: {{"error": ...}}); stderr stays quiet:
+a note line goes into the next object, as "notes": [...]."""
+GENERATE_ONLY = {  # generate.py's prompt flags, which chat takes at its prompt instead: flag -> what to do
+    "--prompt": "type the message at the >>> prompt, or pipe it into stdin",
+    "--image": "attach an image at the >>> prompt with /image PATH",
+    "--audio": "attach a WAV clip at the >>> prompt with /audio PATH",
+    "--video-frames": "a video is generate.py's alone: use generate.py --video-frames DIR",
+}
+
+
+def parser() -> Parser:
+    # No abbreviations: `--image` (generate.py's) would otherwise be taken for --image-tokens.
+    p = Parser(prog="chat.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+               description=DESCRIPTION, epilog=RULES + "\n" + COMMANDS, allow_abbrev=False)
+    add_model_options(p)
+    p.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation")
+    p.add_argument("--think", action="store_true",
+                   help="thinking on: the model may think before it answers; the thought is shown dimmed (on a "
+                        "colour terminal) and left out of the history")
+    p.add_argument("--context", type=int, metavar="N",
+                   help="positions the conversation may hold (default: the model's context; with --compile "
+                        f"{COMPILED_CONTEXT}, the static cache every compiled step reads whole)")
+    p.add_argument("--json", dest="json_output", action="store_true",
+                   help="for scripts: stdin lines are user turns, stdout one JSON object per turn and nothing else")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments; an unknown one is one line (Parser.error), which for generate.py's prompt flags says what chat
+    takes instead."""
+    p = parser()
+    args, unknown = p.parse_known_intermixed_args(argv)
+    if unknown:
+        flag = next((a.split("=", 1)[0] for a in unknown if a.split("=", 1)[0] in GENERATE_ONLY), None)
+        if flag is None and not unknown[0].startswith("-"):  # ollama's `run MODEL "prompt"`, generate.py's words
+            p.error(f"unrecognized arguments: {' '.join(unknown)}: chat.py reads its messages at the >>> prompt "
+                    f"(or stdin); for one prompt on the command line, use generate.py")
+        p.error(f"{flag} is generate.py's, not chat.py's: {GENERATE_ONLY[flag]}" if flag else p.unknown(unknown))
+    return args
+
+
+if __name__ == "__main__" and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone says it
+    # --help and a mistyped flag answered before torch loads (seconds); --tensor-parallel N starts its ranks here
+    if (status := launched(parse(sys.argv[1:]), __file__, sys.argv[1:])) is not None:
+        sys.exit(status)
 
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     import torch
@@ -44,14 +120,15 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.clock import RoundClock
     from cli.parallel import mute_other_ranks
     from cli.options import (
-        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, USER_ERRORS, Assistant, ModelFlags, Parser, Target,
-        UsageError, add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, USER_ERRORS, Assistant, ModelFlags, Target,
+        UsageError, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
         load_target_from, refuse, sampling_line, warm_up, draft_room, cut_drafts_note,
     )
     from cli.report import stats_json, stats_text
     from cli.stream import Sink, Stream, text_sinks
     from cli.media import read_clip
-    from cli.parallel import shared_line
+    from cli.launch import LAUNCHED
+    from cli.parallel import leave, shared_line
     from gemma4.audio.config import AudioTokens, audio_config, audio_tokens
     from gemma4.audio.loading import Audio, load_audio
     from gemma4.audio.wav import AudioError
@@ -64,17 +141,6 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from mtp import ContextFull, Conversation, Reply
     from mtp.schedule import Schedule
 
-PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
-FENCE = '"""'  # a line holding only this opens and closes a multi-line message
-COMPILED_CONTEXT = 8192  # --compile's default context: its static cache is read whole by every compiled step
-HELP = f"""\
-type a message and Enter; a line {FENCE} opens and closes a message of several lines
-/image PATH or /audio PATH (a WAV file) adds an image or a clip to your next message, /reset starts over,
-/stats shows the last turn's figures, /exit or Ctrl-D leaves; Ctrl-C stops a reply"""
-NO_VIDEO = ("chat takes no video (a conversation holds images and clips): send a video with generate.py "
-            "--video-frames DIR --fps N, or attach single frames as images with /image PATH")
-
-
 # ---------------------------------------------------------------- input
 
 class Lines:
@@ -82,6 +148,7 @@ class Lines:
 
     def __init__(self, source: TextIO, prompt: bool) -> None:
         self.source, self.prompt = source, prompt
+        self.fenced = False  # the last message was a block between two fence lines: text, whatever it says
         if prompt:
             try:  # line editing and history for input(), where the platform has them
                 import readline  # noqa: F401
@@ -103,7 +170,8 @@ class Lines:
 
     def message(self) -> str:
         first = self.line(PROMPT)
-        if first.strip() != FENCE:
+        self.fenced = first.strip() == FENCE
+        if not self.fenced:
             return first
         block = []
         while (line := self.line(MORE)).strip() != FENCE:
@@ -217,6 +285,11 @@ class Session:
             self.write(reply_json(reply, clock, a and a.draft_length, self.eager))
             return
         stream.finish()
+        if reply.finish_reason == "interrupted" and self.target.shard is not None:
+            # The other ranks are mid-step, waiting on this one: the conversation cannot go on in step.
+            self.say(f"interrupted after {len(reply.tokens)} new tokens (on several ranks Ctrl-C during a reply ends "
+                     f"the conversation)")
+            raise SystemExit(leave(INTERRUPTED))
         if reply.finish_reason == "interrupted":
             self.say(f"(stopped after {len(reply.tokens)} tokens: the text above is kept as the model's turn)")
         self.say("")
@@ -339,7 +412,9 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
                 if flags.compile else None)
     prompt = not json_output and source.isatty()
     if prompt:
-        say(HELP if target.shard is None else HELP.replace("Ctrl-C stops a reply", "Ctrl-C ends the run (torchrun)"))
+        ended = "Ctrl-C during a reply ends the conversation" if os.environ.get(LAUNCHED) else (
+            "Ctrl-C ends the run (torchrun)")
+        say(HELP if target.shard is None else HELP.replace("Ctrl-C stops a reply", ended))
     sinks = text_sinks(flags.show_drafts, json_output, say)
     say("")
 
@@ -378,6 +453,7 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
     warm_up(target.model, assistant, room)  # every step's shapes once, so one-time costs are not charged to turn 1
     lines = Lines(source, prompt)
     interrupted = False  # the last thing at the prompt was a Ctrl-C
+    asked = False  # the last line was a bare `exit`, and whether to leave was asked
     while True:
         try:
             text = lines.message()
@@ -396,69 +472,27 @@ def main(*, flags: ModelFlags, system: str | None = None, think: bool = False, j
             continue
         interrupted = False
         line = text.strip()
-        if line == "/exit":
+        word = None if lines.fenced else line.lower()  # a fenced block is a message, whatever it says
+        if word in LEAVE or (asked and word in ("y", "yes")):
             return 0
-        if line and not session.command(line):
+        if asked and word in ("n", "no"):
+            asked = False
+            continue
+        asked = word in ASK and not json_output
+        if asked:  # the model would get the word as a message: likely not what was meant
+            say(f"-- leave the conversation? y leaves, n stays; to send {line!r} as a message, put it between two "
+                f"lines {FENCE}\n")
+            continue
+        if line and (lines.fenced or not session.command(line)):
             session.turn(text)
-
-
-# ---------------------------------------------------------------- command line
-
-DESCRIPTION = """\
-A conversation with a Gemma 4 target and its MTP assistant on one KV cache: each turn reuses the
-cached positions it shares with the previous ones and prefills only the rest. With no arguments: the
-bundled demo pair (scripts/demo), a model of Python source that never saw chat turns."""
-COMMANDS = f"""\
-in the conversation:
-{HELP}
-Ctrl-C at the prompt drops the line; a second Ctrl-C in a row leaves. --max-new-tokens counts per turn.
-/reset also drops the images and clips attached for the next message, and says so. A video is generate.py's
---video-frames: /video says so. A message that cannot be sent (past --context, text that is not UTF-8) is one
-line and the conversation goes on. --system and --think need a chat template (the demo has none).
---json: stdin lines are user turns (a line /reset resets, /image PATH adds an image, /audio PATH a clip, /exit
-leaves); stdout gets one JSON object per turn on one line: turn, prompt_ids, reused, prefilled, tokens, text,
-finish_reason, stats (a turn not sent, an image or clip not attached: {{"error": ...}}); stderr stays quiet:
-a note line goes into the next object, as "notes": [...]."""
-GENERATE_ONLY = {  # generate.py's prompt flags, which chat takes at its prompt instead: flag -> what to do
-    "--prompt": "type the message at the >>> prompt, or pipe it into stdin",
-    "--image": "attach an image at the >>> prompt with /image PATH",
-    "--audio": "attach a WAV clip at the >>> prompt with /audio PATH",
-    "--video-frames": "a video is generate.py's alone: use generate.py --video-frames DIR",
-}
-
-
-def parser() -> Parser:
-    # No abbreviations: `--image` (generate.py's) would otherwise be taken for --image-tokens.
-    p = Parser(prog="chat.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-               description=DESCRIPTION, epilog=RULES + "\n" + COMMANDS, allow_abbrev=False)
-    add_model_options(p)
-    p.add_argument("--system", metavar="TEXT", help="a system message that opens the conversation")
-    p.add_argument("--think", action="store_true",
-                   help="thinking on: the model may think before it answers; the thought is shown dimmed (on a "
-                        "colour terminal) and left out of the history")
-    p.add_argument("--context", type=int, metavar="N",
-                   help="positions the conversation may hold (default: the model's context; with --compile "
-                        f"{COMPILED_CONTEXT}, the static cache every compiled step reads whole)")
-    p.add_argument("--json", dest="json_output", action="store_true",
-                   help="for scripts: stdin lines are user turns, stdout one JSON object per turn and nothing else")
-    return p
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    """The arguments; an unknown one is one line (Parser.error), which for generate.py's prompt flags says what chat
-    takes instead."""
-    p = parser()
-    args, unknown = p.parse_known_args(argv)
-    if unknown:
-        flag = next((a.split("=", 1)[0] for a in unknown if a.split("=", 1)[0] in GENERATE_ONLY), None)
-        p.error(f"{flag} is generate.py's, not chat.py's: {GENERATE_ONLY[flag]}" if flag else
-                f"unrecognized arguments: {' '.join(unknown)}")
-    return args
 
 
 def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target: Path = DEMO_TARGET) -> int:
     mute_other_ranks()  # under torchrun: rank 0 alone prints, a refusal of the flags included
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    if (status := launched(args, __file__, argv)) is not None:  # --tensor-parallel N: its own ranks ran it
+        return status
     if source is None:
         source = sys.stdin
         if hasattr(source, "reconfigure"):  # bytes that are not UTF-8 reach the tokenizer, which names them

@@ -19,12 +19,87 @@
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from cli.flags import RULES, Parser, add_model_options, launched
 from cli.startup import quiet_interrupt
+
+# ---------------------------------------------------------------- command line
+
+def token_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 2,105,2364, got {text!r}") from None
+
+
+DESCRIPTION = """\
+Generation with a Gemma 4 target and its MTP assistant, greedy or sampled. With no arguments: the
+bundled demo pair (scripts/demo) on its default prompt. stdout carries the generated text alone; the
+header, the statistics and, when stdout is not a terminal, the text with --show-drafts' marks go to
+stderr."""
+PROMPTS = """\
+prompts: a chat model's (its directory holds chat_template.jinja or tokenizer_config.json, as every
+release's does) go into one user turn; a model without them, like the demo, continues the text as it is."""
+
+
+def parser() -> Parser:
+    p = Parser(prog="generate.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+               description=DESCRIPTION, epilog=RULES + "\n" + PROMPTS)
+    add_model_options(p)
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prompt", metavar="TEXT", action="append",
+                        help="the prompt, also given as plain words after the flags (default: 'Tell me a story "
+                             "about a fox.' for a chat model, the start of a Python function for one without a chat "
+                             "template); several: one batch, a row each")
+    source.add_argument("-p", dest="prompt", action="append", help=argparse.SUPPRESS)  # llama-cli's, mlx-lm's
+    p.add_argument("words", nargs="*", help=argparse.SUPPRESS)  # ollama's habit: the prompt as plain words
+    source.add_argument("--prompt-ids", metavar="IDS", type=token_ids, action="append",
+                        help="exact token ids, e.g. 2,105,2364; nothing is added; several: a row each")
+    p.add_argument("--prompts-file", metavar="FILE",
+                   help="text prompts (after any --prompt): the whole file is one prompt; when some line holds "
+                        "only ---, the blocks between such lines are a row each; - reads stdin")
+    p.add_argument("--image", metavar="PATH", action="append",
+                   help="an image for the prompt (PNG, JPEG, WebP, GIF, BMP; needs a multimodal target and "
+                        "pip install -e \".[images]\"); several: in order. A chat turn holds them before its text; "
+                        "with --prompt-ids one boi id marks each image's place")
+    p.add_argument("--audio", metavar="PATH", action="append",
+                   help="an audio clip for the prompt (WAV, PCM; another rate is resampled to 16 kHz; E2B, E4B and "
+                        "the 12B hear, E2B/E4B the first 30 s); several: in order. A chat turn holds them after its "
+                        "images, before its text; with --prompt-ids one boa id marks each clip's place")
+    p.add_argument("--video-frames", metavar="DIR",
+                   help="a video as its frames: the image files in DIR, in name order (extract them first, e.g. "
+                        "ffmpeg -i clip.mp4 -vf fps=1 DIR/%%04d.png); at most 32 kept, uniformly, each with its "
+                        "mm:ss; with --prompt-ids one video id marks its place")
+    p.add_argument("--fps", type=float, metavar="RATE",
+                   help="the rate --video-frames' frames were extracted at, for their timestamps (default: 1)")
+    p.add_argument("--system", metavar="TEXT",
+                   help="a system message before the prompt's user turn (a chat model's template writes it)")
+    p.add_argument("--think", action="store_true",
+                   help="thinking on: the model may think before it answers (the template's <|think|>)")
+    p.add_argument("--raw", action="store_true",
+                   help="send --prompt to a chat model as it is, after one <bos>, without the chat template")
+    p.add_argument("--compare", action="store_true",
+                   help="also run plain decoding (sampling: the same seed): identical? how much faster? "
+                        "With several prompts: each prompt alone, one after another, against the batch")
+    p.add_argument("--trace", action="store_true",
+                   help="run the textbook loop on the textbook's modules (implies --reference) and print every "
+                        "round's steps 0-7 on stderr as they happen: the budget and K, the drafts and what the "
+                        "drafter read, the target's choice at each verify row, what is kept, committed and left "
+                        "stale, the next hidden's row, and why the run goes on or stops")
+    p.add_argument("--json", dest="json_output", action="store_true",
+                   help="print one JSON object on stdout and nothing else; stderr stays quiet")
+    return p
+
+
+if __name__ == "__main__" and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 alone says it
+    # --help and a mistyped flag answered before torch loads (seconds); --tensor-parallel N starts its ranks here
+    if (status := launched(parser().parse_args(), __file__, sys.argv[1:])) is not None:
+        sys.exit(status)
 
 with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     import torch
@@ -33,11 +108,10 @@ with quiet_interrupt():  # Ctrl-C while torch imports: one line, no traceback
     from cli.clock import RoundClock
     from cli.media import Given, place, read_media
     from cli.options import (
-        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, RULES, ModelFlags, Parser, UsageError,
-        add_model_options, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
+        DEFAULT_MAX_NEW_TOKENS, DEMO_TARGET, INTERRUPTED, ModelFlags, UsageError, check_cache_fits, check_values, compile_steps, guarded, load_assistant_from,
         load_target_from, refuse, sampling_line, warm_up, draft_room, cut_drafts_note,
     )
-    from cli.report import stats_json, stats_text
+    from cli.report import run_json, stats_json, stats_text
     from cli.stream import Stream, text_sinks
     from cli.parallel import mute_other_ranks
     from cli.trace import Trace, each, observed, piece
@@ -273,8 +347,9 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
         if json_output:
             partial = {"tokens": stream.tokens, "text": stream.text(), "finish_reason": "interrupted", "stats": None,
                        "notes": noted}
-            print(json.dumps(partial))
-        print(f"interrupted after {len(stream.tokens)} new tokens", file=sys.stderr)
+            print(json.dumps(partial))  # and nothing on stderr: the document says it
+        else:
+            print(f"interrupted after {len(stream.tokens)} new tokens", file=sys.stderr)
         return INTERRUPTED
     seconds = time.perf_counter() - start
     stream.finish()
@@ -284,7 +359,9 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
               "stats": stats_json(stats, tokens, seconds, draft_length if drafter is not None else None,
                                   compiled.target.eager_steps if compiled else None, clock),
               "sampling": {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p,
-                           "seed": sampler.seed, "drafting": drafting}}
+                           "seed": sampler.seed, "drafting": drafting},
+              **run_json(target.name, assistant and assistant.name, dtype, dev, len(prompt_ids), len(tokens),
+                         [target.model] + ([assistant.drafter] if assistant else []))}
     if compiled:
         result["compile"] = {"warm_up_seconds": compiled.seconds}
     if images:  # each medium's soft tokens
@@ -315,7 +392,7 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
             result["low_precision"] = dtype != torch.float32
             result["speedup"] = result["stats"]["tokens_per_second"] / plain_rate if plain_rate else 0.0
         except KeyboardInterrupt:
-            print("interrupted: --compare skipped", file=sys.stderr)
+            say("note: interrupted: --compare skipped", note=True)
             status = INTERRUPTED
 
     if json_output:
@@ -325,83 +402,35 @@ def main(*, flags: ModelFlags, prompt: str | None = None, prompt_ids: list[int] 
     return status
 
 
-# ---------------------------------------------------------------- command line
-
-def token_ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 2,105,2364, got {text!r}") from None
-
-
-DESCRIPTION = """\
-Generation with a Gemma 4 target and its MTP assistant, greedy or sampled. With no arguments: the
-bundled demo pair (scripts/demo) on its default prompt. stdout carries the generated text alone; the
-header, the statistics and, when stdout is not a terminal, the text with --show-drafts' marks go to
-stderr."""
-PROMPTS = """\
-prompts: a chat model's (its directory holds chat_template.jinja or tokenizer_config.json, as every
-release's does) go into one user turn; a model without them, like the demo, continues the text as it is."""
-
-
-def parser() -> Parser:
-    p = Parser(prog="generate.py", formatter_class=argparse.RawDescriptionHelpFormatter,
-               description=DESCRIPTION, epilog=RULES + "\n" + PROMPTS)
-    add_model_options(p)
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--prompt", metavar="TEXT", action="append",
-                        help="the prompt (default: 'Tell me a story about a fox.' for a chat model, the start of a "
-                             "Python function for one without a chat template); several: one batch, a row each")
-    source.add_argument("--prompt-ids", metavar="IDS", type=token_ids, action="append",
-                        help="exact token ids, e.g. 2,105,2364; nothing is added; several: a row each")
-    p.add_argument("--prompts-file", metavar="FILE",
-                   help="text prompts (after any --prompt): the whole file is one prompt; when some line holds "
-                        "only ---, the blocks between such lines are a row each; - reads stdin")
-    p.add_argument("--image", metavar="PATH", action="append",
-                   help="an image for the prompt (PNG, JPEG, WebP, GIF, BMP; needs a multimodal target and "
-                        "pip install -e \".[images]\"); several: in order. A chat turn holds them before its text; "
-                        "with --prompt-ids one boi id marks each image's place")
-    p.add_argument("--audio", metavar="PATH", action="append",
-                   help="an audio clip for the prompt (WAV, PCM; another rate is resampled to 16 kHz; E2B, E4B and "
-                        "the 12B hear, E2B/E4B the first 30 s); several: in order. A chat turn holds them after its "
-                        "images, before its text; with --prompt-ids one boa id marks each clip's place")
-    p.add_argument("--video-frames", metavar="DIR",
-                   help="a video as its frames: the image files in DIR, in name order (extract them first, e.g. "
-                        "ffmpeg -i clip.mp4 -vf fps=1 DIR/%%04d.png); at most 32 kept, uniformly, each with its "
-                        "mm:ss; with --prompt-ids one video id marks its place")
-    p.add_argument("--fps", type=float, metavar="RATE",
-                   help="the rate --video-frames' frames were extracted at, for their timestamps (default: 1)")
-    p.add_argument("--system", metavar="TEXT",
-                   help="a system message before the prompt's user turn (a chat model's template writes it)")
-    p.add_argument("--think", action="store_true",
-                   help="thinking on: the model may think before it answers (the template's <|think|>)")
-    p.add_argument("--raw", action="store_true",
-                   help="send --prompt to a chat model as it is, after one <bos>, without the chat template")
-    p.add_argument("--compare", action="store_true",
-                   help="also run plain decoding (sampling: the same seed): identical? how much faster? "
-                        "With several prompts: each prompt alone, one after another, against the batch")
-    p.add_argument("--trace", action="store_true",
-                   help="run the textbook loop on the textbook's modules (implies --reference) and print every "
-                        "round's steps 0-7 on stderr as they happen: the budget and K, the drafts and what the "
-                        "drafter read, the target's choice at each verify row, what is kept, committed and left "
-                        "stale, the next hidden's row, and why the run goes on or stops")
-    p.add_argument("--json", dest="json_output", action="store_true",
-                   help="print one JSON object on stdout and nothing else; stderr stays quiet")
-    return p
+def given_prompts(args: argparse.Namespace) -> list[str] | None:
+    """--prompt's texts, or the plain words of the command line as one prompt (`generate.py Tell me a story`)."""
+    if not args.words:
+        return args.prompt
+    words = " ".join(args.words)
+    if args.prompt:  # `--prompt Tell me a story` takes "Tell" alone: the rest would be a second prompt
+        raise UsageError(f"--prompt takes one argument, and {words!r} followed it: quote a prompt of several words "
+                         f"(--prompt \"{args.prompt[-1]} {words}\")")
+    if args.prompt_ids:
+        raise UsageError(f"{words!r} is a text prompt and --prompt-ids gives the ids: give one of the two")
+    return [words]
 
 
 def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
     mute_other_ranks()  # under torchrun: rank 0 alone prints, a refusal of the flags included
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    if (status := launched(args, __file__, argv)) is not None:  # --tensor-parallel N: its own ranks ran it
+        return status
 
     def run() -> int:
         notes: list[str] = []  # said with the header, or under --json in the JSON document
-        prompt, prompt_ids, batch = split_prompts(args.prompt, args.prompt_ids, args.prompts_file, notes.append)
+        prompt, prompt_ids, batch = split_prompts(given_prompts(args), args.prompt_ids, args.prompts_file,
+                                                  notes.append)
         return main(flags=ModelFlags.parsed(args), prompt=prompt, prompt_ids=prompt_ids, raw=args.raw,
                     compare=args.compare, json_output=args.json_output, batch=batch, demo_target=demo_target,
                     images=args.image, system=args.system, think=args.think, audio=args.audio,
                     video_frames=args.video_frames, fps=args.fps, trace=args.trace, notes=notes)
-    return guarded(run)
+    return guarded(run, quiet=args.json_output)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,16 @@ HERE = Path(__file__).resolve().parent
 MEDIA = HERE / "demo" / "media"
 
 
+def shown(path: Path) -> str:
+    """A path as the text demo shows its own: relative to the working directory when it lies below it."""
+    return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def command(extra: list[str]) -> list[str]:
-    """The generate.py command line this demo runs."""
-    return [sys.executable, str(HERE / "generate.py"), "--target", str(MEDIA / "target"),
-            "--assistant", str(MEDIA / "assistant"), "--image", str(MEDIA / "picture.png"),
-            "--audio", str(MEDIA / "tone.wav"), "--video-frames", str(MEDIA / "frames"),
+    """The generate.py command line this demo runs (generate.py prints its paths as given)."""
+    return [sys.executable, shown(HERE / "generate.py"), "--target", shown(MEDIA / "target"),
+            "--assistant", shown(MEDIA / "assistant"), "--image", shown(MEDIA / "picture.png"),
+            "--audio", shown(MEDIA / "tone.wav"), "--video-frames", shown(MEDIA / "frames"),
             "--prompt", "Describe the picture, the clip and the video.",
             *([] if "--max-new-tokens" in extra else ["--max-new-tokens", "24"]), *extra]
 
@@ -31,8 +36,7 @@ def main(extra: list[str]) -> int:
         print("note: scripts/demo/media is a tiny multimodal pair with random weights: its words are noise. It "
               "shows an image, a clip and a video's frames read, turned into soft tokens by their towers and "
               "decoded, offline.", file=sys.stderr)
-        shown = [os.path.relpath(a) if a.startswith(str(HERE)) else a for a in command(extra)[1:]]
-        print("$ " + shlex.join(["python", *shown]), file=sys.stderr)
+        print("$ " + shlex.join(["python", *command(extra)[1:]]), file=sys.stderr)
     return subprocess.run(command(extra)).returncode
 
 

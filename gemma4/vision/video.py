@@ -113,6 +113,9 @@ def video_config(model_dir: str | Path, vision: "Vision") -> VideoConfig:
 def frame_files(directory: str | Path) -> list[Path]:
     """A video's frames: the image files in `directory` (not below it), in name order."""
     folder = Path(directory)
+    if folder.is_file():
+        raise VideoError(f"{folder} is a file, and a video is given as the directory of its frames: for one picture "
+                         f"use --image; for a video file, {EXTRACT}")
     if not folder.is_dir():
         raise VideoError(f"{folder}: no such directory: a video is given as the directory of its frames; {EXTRACT}")
     files = sorted(p for p in folder.iterdir()

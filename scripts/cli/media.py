@@ -35,10 +35,6 @@ from gemma4.vision.loading import Vision, load_vision
 from gemma4.vision.processor import SOFT_TOKEN_CHOICES
 from gemma4.vision.video import Frames, VideoConfig, place_media, read_video, video_config
 
-IMAGE_TOKENS_HELP = (f"soft tokens per image at most, one of {', '.join(map(str, SOFT_TOKEN_CHOICES))}: fewer is a "
-                     f"smaller image, faster and shorter (default: the target's processor config, 280 in the "
-                     f"releases)")
-
 
 def read_clip(audio: Audio, path: str, note: Callable[[str], None]) -> torch.Tensor:
     """One WAV file -> its (n, E) vectors; a note line when the tower reads only its first 30 s."""

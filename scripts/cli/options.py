@@ -27,7 +27,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -43,40 +43,29 @@ from gemma4.engine.rows import PromptError
 from gemma4.generate import NonFiniteLogits
 from gemma4.sampling import SamplerConfig
 from gemma4.tokenizer import BOS_ID, Gemma4Tokenizer, chat_template, needs_empty_thought, stop_ids
-from gemma4.vision.processor import SOFT_TOKEN_CHOICES
 from gemma4.audio.wav import AudioError
 from gemma4.vision.prompt import ImageError
 from gemma4.int4 import check_scheme
 from gemma4.parallel.plan import Shard
-from gemma4.weights import CheckpointError, load_target, resolve_model_dir
-from mtp import SCHEDULES, DraftLength, Drafter, Schedule, check_pair, load_drafter
+from gemma4.weights import CheckpointError, HubUnreachable, load_target, resolve_model_dir
+from mtp import DraftLength, Drafter, Schedule, check_pair, load_drafter
 from mtp.auto_schedule import MAX_K
 from gemma4.parallel.reduce import is_split
 from mtp.loading import check_whole_kv
-from mtp.speculative import DRAFTING
 from gemma4.engine.forward import forward_rows
 from mtp.engine.drafts import drafter_inputs, pairs, propose_rows, ring_kv
 
-from cli.media import IMAGE_TOKENS_HELP
+from cli.compile_cache import CompileFailed, compiling
+from cli.flags import RULES, USAGE_ERROR, ModelFlags, Parser, add_model_options  # noqa: F401 (the scripts' names)
+from gemma4.parallel.group import world_size
 from cli.parallel import leave, lost_ranks, not_joined, others_wait, ranks, refusal
 from cli.progress import progress
 from cli.threads import use_threads
 
 DEMO_TARGET = Path(__file__).resolve().parent.parent / "demo" / "target"  # scripts/demo/target
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-BUG, USAGE_ERROR, INTERRUPTED, CLOSED_PIPE = 1, 2, 130, 141
+BUG, INTERRUPTED, CLOSED_PIPE = 1, 130, 141
 DEFAULT_MAX_NEW_TOKENS = 128
-
-RULES = """\
-defaults: a flag changes only itself. The sampling settings come from the target's
-generation_config.json (do_sample, temperature, top_k, top_p; the releases sample at T 1, top-k 64,
-top-p 0.95, the demo decodes greedy); --temperature 0 is greedy. Every other default is the same for
-every model. A flag that would have no effect in the given combination (e.g. --seed on a greedy run,
---schedule with --no-assistant) is refused with one line and exit status 2.
-assistant: without --assistant, a Hub id ORG/NAME pairs with ORG/NAME-assistant (the int4 release
-ORG/X-qat-w4a16-ct with ORG/X-qat-q4_0-unquantized-assistant); a directory DIR with DIR-assistant
-beside it, or else (a directory named target) with its sibling directory assistant."""
-
 
 class UsageError(ValueError):
     """Something on the command line that cannot run; its message says what to change."""
@@ -85,115 +74,8 @@ class UsageError(ValueError):
 # What a user can get wrong, each raised with a message that says what to change: the command line, a
 # checkpoint's files, a prompt the model cannot run. They subclass ValueError, so that a library caller's
 # `except ValueError` keeps working; any other ValueError is a bug, and keeps its traceback.
-USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError, ImageError, AudioError, NonFiniteLogits)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, one error line, and no abbreviations: `--image` must not be taken for `--image-tokens`."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
-
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(USAGE_ERROR)
-
-
-@dataclass(frozen=True)
-class ModelFlags:
-    """The model options as given: None (or False) where the command line left a flag out."""
-    target: str | None
-    assistant: str | None
-    no_assistant: bool
-    max_new_tokens: int | None
-    num_assistant_tokens: int | None
-    schedule: str | None
-    ignore_eos: bool
-    dtype: str | None
-    device: str | None
-    threads: int | None
-    temperature: float | None
-    top_k: int | None
-    top_p: float | None
-    seed: int | None
-    drafting: str | None
-    show_drafts: bool
-    compile: bool
-    reference: bool
-    quantize: str | None
-    quantize_head: str | None
-    prefill_chunk: int | None
-    image_tokens: int | None
-
-    @classmethod
-    def parsed(cls, args: argparse.Namespace) -> "ModelFlags":
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    """The flags of the model, its drafter and decoding. Every default is None, so that a check can
-    tell a flag given from one left out; the help states the value a left-out flag takes."""
-    p.add_argument("--target", metavar="PATH_OR_HUB_ID",
-                   help="checkpoint directory or Hub id like google/gemma-4-E2B-it (default: the bundled demo, "
-                        "scripts/demo/target)")
-    p.add_argument("--assistant", metavar="PATH_OR_HUB_ID",
-                   help="the drafter's checkpoint directory or Hub id (default: found by the rule below)")
-    p.add_argument("--no-assistant", action="store_true",
-                   help="no drafter: plain decoding, greedy or sampled as the settings say")
-    p.add_argument("--max-new-tokens", metavar="N", type=int,
-                   help="at most N new tokens; more than the context holds is cut to what fits (default: 128)")
-    p.add_argument("--num-assistant-tokens", metavar="K", type=int,
-                   help="drafts per round (default: the assistant's generation_config.json, else 4)")
-    p.add_argument("--schedule", choices=SCHEDULES,
-                   help="how the drafts per round adapt: constant K; heuristic, K+2 after a fully accepted round "
-                        "and K-1 otherwise; heuristic_transient, the same restarting at K every call; auto, the K "
-                        "that measured costs and acceptance say is fastest (default: auto for an int4 target, whose verify "
-                        "costs grow with its rows, constant otherwise)")
-    p.add_argument("--ignore-eos", action="store_true", help="do not stop on the target's stop ids")
-    p.add_argument("--dtype", choices=list(DTYPES),
-                   help="(default: bfloat16 on CUDA and for an int4 target, whose releases are w4a16; float32 "
-                        "otherwise)")
-    p.add_argument("--device", metavar="DEVICE", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
-    p.add_argument("--threads", metavar="N", type=int,
-                   help="CPU threads for torch (default: 1 for targets of hidden size below 256, like the demo, "
-                        "whose tiny matrices gain nothing from more; else torch's own)")
-    p.add_argument("--temperature", metavar="T", type=float,
-                   help="0: greedy; above 0: sample, exactly from the target's distribution (default: the "
-                        "target's generation_config.json: its temperature if do_sample is true, else 0)")
-    p.add_argument("--top-k", metavar="K", type=int,
-                   help="sampling: only the K most likely tokens, 0: off (default: generation_config.json's, else 0)")
-    p.add_argument("--top-p", metavar="P", type=float,
-                   help="sampling: the most likely tokens that hold probability P, 1: off "
-                        "(default: generation_config.json's, else 1)")
-    p.add_argument("--seed", metavar="N", type=int,
-                   help="sampling seed: the token at position n draws noise keyed by (seed, n) only (default: 0)")
-    p.add_argument("--drafting", choices=DRAFTING,
-                   help="sampling with an assistant: argmax drafts reproduce plain sampling token for token; "
-                        "sample draws drafts from the drafter, exact in distribution (default: argmax)")
-    p.add_argument("--compile", action="store_true",
-                   help="compile the decode step, the verify of K + 1 rows and the draft step (torch.compile, static "
-                        "shapes, CUDA graphs on CUDA; other row counts and sample drafting run the same steps eager): "
-                        "minutes of warm-up first, the same tokens (default: eager)")
-    p.add_argument("--reference", action="store_true",
-                   help="run exactly the textbook's modules: both models loaded with fast=False, without the speed "
-                        "layer (gemma4/fast/), the same tokens, slower (default: the speed layer)")
-    p.add_argument("--quantize", choices=["int4"],
-                   help="int4: the target's projections quantized as they load, in the layout and by the recipe of "
-                        "Google's w4a16 releases (about 0.28 of their bfloat16 bytes; the drafter stays as it is). "
-                        "An int4 checkpoint loads as int4 without it (default: as the checkpoint is)")
-    p.add_argument("--quantize-head", choices=["int4"],
-                   help="int4: the output head (the tied embedding) multiplied by an int4 copy made at load by the "
-                        "same recipe, a third of its bytes a step (E2B's head is 0.8 GB of a 2 GB int4 step). It "
-                        "changes logits, so tokens may differ from the checkpoint's; speculative still equals plain "
-                        "(default: the head as the checkpoint is)")
-    p.add_argument("--prefill-chunk", metavar="C", type=int,
-                   help=f"run a prompt (a chat turn's new text) in forwards of at most C positions: a prefill's "
-                        f"memory then grows with the prompt only through the full layers' cache "
-                        f"(default: {PREFILL_CHUNK})")
-    p.add_argument("--image-tokens", metavar="N", type=int, choices=SOFT_TOKEN_CHOICES, help=IMAGE_TOKENS_HELP)
-    p.add_argument("--show-drafts", action="store_true",
-                   help="mark the drafter's accepted tokens in the streamed text (green on a terminal, "
-                        "else between ⟦ and ⟧)")
+USER_ERRORS = (UsageError, ConfigError, CheckpointError, PromptError, ImageError, AudioError, NonFiniteLogits,
+               CompileFailed)
 
 
 def refuse(flag: str, why: str) -> NoReturn:
@@ -215,8 +97,16 @@ def check_values(a: ModelFlags) -> None:
         raise UsageError(f"--top-p must be in (0, 1] (1 turns it off), got {a.top_p}")
     if a.seed is not None and not 0 <= a.seed < 1 << 63:
         raise UsageError(f"--seed must be at least 0, got {a.seed}")
+    if a.dtype == "float16":
+        raise UsageError("--dtype float16: Gemma 4 is trained and released in bfloat16, and its activations need "
+                         "bfloat16's range, which float16 lacks: use --dtype bfloat16")
     if a.threads is not None and a.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {a.threads}")
+    if a.tensor_parallel is not None and a.tensor_parallel < 1:
+        raise UsageError(f"--tensor-parallel must be at least 1 (1: one process), got {a.tensor_parallel}")
+    if a.tensor_parallel is not None and a.tensor_parallel > 1 and world_size() != a.tensor_parallel:
+        raise UsageError(f"--tensor-parallel {a.tensor_parallel} starts its own ranks, and this is rank "
+                         f"{os.environ.get('RANK', 0)} of {world_size()} of torchrun's: drop one of the two")
     if a.prefill_chunk is not None and a.prefill_chunk < 1:
         raise UsageError(f"--prefill-chunk must be at least 1, got {a.prefill_chunk}")
     if why := refusal(a.compile, a.schedule):
@@ -289,7 +179,8 @@ def sampler_from(a: ModelFlags, target_dir: Path) -> tuple[SamplerConfig, str]:
         said = f"do_sample {str(file['do_sample']).lower()}" if "do_sample" in file else "no do_sample"
         why = ("--temperature 0 decodes greedy" if a.temperature is not None
                else f"{gen if gen.is_file() else target_dir} says greedy ({said})")
-        for flag, value in (("--top-k", a.top_k), ("--top-p", a.top_p), ("--seed", a.seed), ("--drafting", a.drafting)):
+        # --seed is let through: a sweep over T with one seed reaches T = 0 (the header says it does nothing)
+        for flag, value in (("--top-k", a.top_k), ("--top-p", a.top_p), ("--drafting", a.drafting)):
             if value is not None:
                 refuse(flag, f"it applies to sampling, and {why}: add --temperature T (above 0), or drop {flag}")
         return SamplerConfig(0.0, 0, 1.0, 0), ", ".join(taken)
@@ -312,17 +203,37 @@ QAT_INT4, QAT_ASSISTANT = "-qat-w4a16-ct", "-qat-q4_0-unquantized-assistant"
 
 
 def default_assistant(target: str) -> tuple[str, str]:
-    """The assistant a target pairs with when --assistant is not given, and the rule that chose it."""
+    """The assistant a target pairs with when --assistant is not given, and the rule that chose it. A folder is
+    paired by its name as a Hub id is, so a release downloaded under its own name finds its assistant beside it."""
     path = Path(target).expanduser()
     if not path.is_dir():
         if target.rstrip("/").endswith(QAT_INT4):  # the int4 release pairs with the bf16 QAT assistant
             return (target.rstrip("/").removesuffix(QAT_INT4) + QAT_ASSISTANT,
                     f"a '{QAT_INT4}' Hub id pairs with '{QAT_ASSISTANT}'")
         return target.rstrip("/") + "-assistant", "the target's Hub id + '-assistant'"
-    beside = path.parent / (path.resolve().name + "-assistant")
-    if not beside.is_dir() and path.resolve().name == "target" and (path.parent / "assistant").is_dir():
-        return str(path.parent / "assistant"), "the target directory's sibling 'assistant'"
-    return str(beside), "the target directory + '-assistant'"
+    name = path.resolve().name
+    found = [(path.parent / (name + "-assistant"), "the target directory + '-assistant'")]
+    if name.endswith(QAT_INT4):  # first: the release's own pairing, as for a Hub id
+        found.insert(0, (path.parent / (name.removesuffix(QAT_INT4) + QAT_ASSISTANT),
+                         f"a '{QAT_INT4}' directory pairs with '{QAT_ASSISTANT}' beside it"))
+    if name == "target":
+        found.append((path.parent / "assistant", "the target directory's sibling 'assistant'"))
+    beside, rule = next(((d, why) for d, why in found if d.is_dir()), found[0])
+    return str(beside), rule
+
+
+def offline_pair(e: HubUnreachable, target: str, a: ModelFlags) -> CheckpointError:
+    """The no-Hub error for a target id, naming every repo the run needs: the assistant too, unless none runs."""
+    if a.no_assistant or e.repo_id != target:
+        return e
+    assistant = a.assistant or default_assistant(target)[0]
+    if Path(assistant).expanduser().is_dir():
+        return e
+    local = [r.rsplit("/", 1)[-1] for r in (target, assistant)]
+    return CheckpointError(f"{target} and its assistant {assistant} are not on this machine and the Hub cannot be "
+                           f"reached: where there is a network, hf download {target} --local-dir {local[0]} and hf "
+                           f"download {assistant} --local-dir {local[1]}, then pass --target {local[0]} (its "
+                           f"assistant is found beside it)")
 
 
 @dataclass(frozen=True)
@@ -338,6 +249,7 @@ class Target:
     sampler: SamplerConfig
     from_file: str  # the sampling keys generation_config.json supplied, for the header line
     shard: Shard | None = None  # this process's rank of a tensor-parallel run (cli/parallel.py); None: alone
+    greedy_seed: int | None = None  # a --seed given to a greedy run: accepted, said to do nothing
 
 
 @dataclass(frozen=True)
@@ -353,12 +265,14 @@ def watched(name: str, quiet: bool) -> Callable:
     return lambda items, what, total: progress(items, f"{name}: {what}", total, quiet)
 
 
-def int4_note(model: torch.nn.Module, target_dir: Path) -> str:
-    """The header's word on int4 layers: how many, and whether the file or --quantize made them."""
+def int4_note(model: torch.nn.Module, target_dir: Path, asked: bool = False) -> str:
+    """The header's word on int4 layers: how many, and whether the file or --quantize (`asked`) made them."""
     layers = sum(hasattr(module, "weight_packed") for module in model.modules())
     if not layers:
         return ""
-    return f", {layers} int4 layers{'' if check_scheme(read_json(target_dir / 'config.json')) else ' quantized at load'}"
+    if not check_scheme(read_json(target_dir / "config.json")):
+        return f", {layers} int4 layers quantized at load"
+    return f", {layers} int4 layers{' (int4 already: --quantize int4 changes nothing)' if asked else ''}"
 
 
 def int4_target(a: ModelFlags, target_dir: Path) -> bool:
@@ -383,8 +297,11 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Pat
     name = a.target or shown_path(demo_target)
     if a.target is None and not demo_target.is_dir():
         raise UsageError(f"the demo pair is missing from {demo_target.parent}: restore it from git, or pass --target")
-    target_dir = resolve_model_dir(name)  # a Hub id is downloaded here
-    dtype = DTYPES[a.dtype or default_dtype(dev, int4_target(a, target_dir))]
+    try:
+        target_dir = resolve_model_dir(name)  # a Hub id is downloaded here
+    except HubUnreachable as e:
+        raise offline_pair(e, name, a) from None
+    dtype = DTYPES[a.dtype if a.dtype not in (None, "auto") else default_dtype(dev, int4_target(a, target_dir))]
     sampler, from_file = sampler_from(a, target_dir)  # before the weights load: a refusal costs nothing
     if raw and not has_chat_template(target_dir):
         refuse("--raw", f"{name} has no chat template, so --prompt is sent as it is already: drop --raw")
@@ -396,11 +313,11 @@ def load_target_from(a: ModelFlags, say: Callable[[str], None], demo_target: Pat
     stops = [] if a.ignore_eos else stop_ids(target_dir)
     say(f"target     {name} ({str(dtype).removeprefix('torch.')} on {dev}, {torch.get_num_threads()} "
         f"thread{'s' if torch.get_num_threads() > 1 else ''}{'' if has_chat_template(target_dir) else ', no chat template'}"
-        f"{int4_note(model, target_dir)}{', the head int4' if a.quantize_head else ''}{', --reference: the textbook modules' if a.reference else ''}"
+        f"{int4_note(model, target_dir, a.quantize is not None)}{', the head int4' if a.quantize_head else ''}{', --reference: the textbook modules' if a.reference else ''}"
         f"{f', tensor-parallel on {shard.world} ranks' if shard else ''})")
     target = Target(name, target_dir, model, tokenizer, chat=has_chat_template(target_dir),
                     empty_thought=needs_empty_thought(model.config, chat_template(target_dir)), stops=stops,
-                    sampler=sampler, from_file=from_file, shard=shard)
+                    sampler=sampler, from_file=from_file, shard=shard, greedy_seed=a.seed if sampler.greedy else None)
     return target, dev, dtype
 
 
@@ -499,18 +416,19 @@ def compile_steps(target: Target, assistant: Assistant | None, capacity: int, sa
     say(f"compile    {len(rows)} step{'s' if len(rows) > 1 else ''}{' and the draft step' if assistant else ''} "
         f"before the run: a first compile takes from seconds to minutes")
     start = time.perf_counter()
-    prepare_to_compile(model, model.embed_tokens.weight, max(rows))  # in place: this run only compiles from here
-    static = StaticTarget(model, compiled_rows=rows, context=capacity)  # the loops stop where the cache ends
-    drafter = None
-    if assistant is not None:
-        prepare_to_compile(assistant.drafter, assistant.drafter.model.embed_tokens.weight)
-        drafter = StaticDrafter(assistant.drafter, compile=True)
-    w = model.embed_tokens.weight
-    cache = StaticKVCache(model.config, capacity, w.dtype, w.device,
-                          slack=ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk))
-    static.warm_up(cache, watched("torch.compile", quiet))
-    if drafter is not None:
-        drafter.warm_up(static, cache)
+    with compiling():  # its own cache folder; a failure inside torch.compile is one line (cli/compile_cache.py)
+        prepare_to_compile(model, model.embed_tokens.weight, max(rows))  # in place: this run only compiles from here
+        static = StaticTarget(model, compiled_rows=rows, context=capacity)  # the loops stop where the cache ends
+        drafter = None
+        if assistant is not None:
+            prepare_to_compile(assistant.drafter, assistant.drafter.model.embed_tokens.weight)
+            drafter = StaticDrafter(assistant.drafter, compile=True)
+        w = model.embed_tokens.weight
+        cache = StaticKVCache(model.config, capacity, w.dtype, w.device,
+                              slack=ring_slack(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk))
+        static.warm_up(cache, watched("torch.compile", quiet))
+        if drafter is not None:
+            drafter.warm_up(static, cache)
     seconds = time.perf_counter() - start
     verifies = f" and verify ({rows[1]}{f'-{rows[-1]}' if len(rows) > 2 else ''} rows)" if len(rows) > 1 else ""
     steps = f"decode (1 row){verifies}"
@@ -565,6 +483,8 @@ def check_cache_fits(model: Gemma4Model, positions: int, prefill_chunk: int | No
 def sampling_line(target: Target, assistant: Assistant | None) -> str:
     s = target.sampler
     how = "greedy" if s.greedy else f"temperature {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}, seed {s.seed}"
+    if target.greedy_seed is not None:
+        how += f", --seed {target.greedy_seed} has no effect"
     if assistant is not None and not s.greedy:
         how += f", {assistant.drafting} drafting"
     return f"decoding   {how}" + (f" ({target.from_file} from generation_config.json)" if target.from_file else "")
@@ -574,12 +494,13 @@ def one_line(e: BaseException) -> str:
     return "error: " + " ".join(str(e).split())  # one line, whatever the message holds
 
 
-def guarded(run: Callable[[], int]) -> int:
-    """A script's whole run (`outcome`); under torchrun the rank then ends at once (cli/parallel.py `leave`)."""
-    return leave(outcome(run))
+def guarded(run: Callable[[], int], quiet: bool = False) -> int:
+    """A script's whole run (`outcome`); under torchrun the rank then ends at once (cli/parallel.py `leave`).
+    `quiet` (--json): Ctrl-C ends without a word on stderr, as the run's own endings do under --json."""
+    return leave(outcome(run, quiet))
 
 
-def outcome(run: Callable[[], int]) -> int:
+def outcome(run: Callable[[], int], quiet: bool = False) -> int:
     """A script's whole run: what the user got wrong ends as one line and exit status 2, Ctrl-C as
     "interrupted" and 130, a reader of stdout that went away (`| head`) quietly with 141, as a Unix tool
     ends on SIGPIPE; anything else is a bug in the code and prints its traceback, exit status 1."""
@@ -593,7 +514,8 @@ def outcome(run: Callable[[], int]) -> int:
             pass
         return CLOSED_PIPE
     except KeyboardInterrupt:  # while loading (a running decode catches its own, to print what it made)
-        print("\ninterrupted", file=sys.stderr)
+        if not quiet:
+            print("\ninterrupted", file=sys.stderr)
         return INTERRUPTED
     except torch.OutOfMemoryError:
         print("error: out of memory: try --dtype bfloat16, a smaller model, or another --device", file=sys.stderr)

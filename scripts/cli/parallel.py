@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from cli.launch import LAUNCHED
 from gemma4.parallel.group import TIMEOUT, start, world_size
 from gemma4.parallel.plan import Shard
 
@@ -56,7 +57,10 @@ def ranks(device: torch.device) -> Shard | None:
     dist.barrier()
     # Ctrl-C reaches torchrun and every rank, and torchrun ends the run: each rank ends at once (the default
     # action), not in a handler that a rank blocked in a collective would only reach when the others answer.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Ranks the command started itself (--tensor-parallel, cli/launch.py) keep Python's: Ctrl-C reaches rank 0
+    # alone, which stops as one process does, and the others' next collective fails.
+    if not os.environ.get(LAUNCHED):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     return shard
 
 

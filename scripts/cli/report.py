@@ -1,9 +1,48 @@
 """The statistics of a run, as scripts/generate.py and scripts/chat.py print them: the `stats` object
 of `--json` and the block of text on stderr (and chat's `/stats`)."""
 
+import sys
+from itertools import chain
+
+import torch
+
 from cli.clock import RoundClock
 from mtp import SpecStats
 from mtp.schedule import Schedule
+
+
+def run_json(target: str, assistant: str | None, dtype: torch.dtype, device: torch.device, prompt_tokens: int,
+             new_tokens: int, models: list[torch.nn.Module]) -> dict:
+    """What ran, as --json's top-level fields (ollama's `model`, `prompt_eval_count`, `eval_count`), and its
+    memory (`memory_json`)."""
+    return {"target": target, "assistant": assistant, "dtype": str(dtype).removeprefix("torch."),
+            "device": str(device), "threads": torch.get_num_threads(), "prompt_tokens": prompt_tokens,
+            "new_tokens": new_tokens, "memory": memory_json(models, device)}
+
+
+def memory_json(models: list[torch.nn.Module], device: torch.device) -> dict:
+    """`weights_bytes`: the models' parameters and buffers as loaded (an int4 layer: its packed words and scales,
+    about 0.28 of bfloat16's bytes), each tensor once; the speed layer's own prepared copies are not counted.
+    `peak_bytes`: the most memory the process held, where the system says it (the CPU's peak resident set;
+    on CUDA the device's peak allocation), else None."""
+    seen, weights = set(), 0
+    for tensor in chain.from_iterable(chain(m.parameters(), m.buffers()) for m in models):
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        if key not in seen:
+            seen.add(key)
+            weights += tensor.numel() * tensor.element_size()
+    return {"weights_bytes": weights, "peak_bytes": peak_bytes(device)}
+
+
+def peak_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
 
 
 def stats_json(stats: SpecStats | None, tokens: list[int], seconds: float,
@@ -54,11 +93,17 @@ def stats_text(result: dict, stats: SpecStats | None) -> str:
                   f"draft lengths        {k_line(s)}"]
         if (s.get("schedule") or {}).get("estimates"):
             lines.append(f"auto's estimates     {estimates_line(s['schedule']['estimates'])}")
+        if hint := drafting_hint(result):
+            lines.append(hint)
     else:
         lines.append(f"target forwards      {s['target_forwards']} (one per token)")
     if s.get("eager_rounds") is not None:
         lines.append(f"eager rounds         {s['eager_rounds']} (--compile: steps of a row count not compiled)")
     lines.append(f"time                 {s['seconds']:.2f} s, {s['tokens_per_second']:.1f} tokens/s")
+    if memory := result.get("memory"):
+        peak = memory["peak_bytes"]
+        where = "" if peak is None else f", peak {gb(peak)} ({'device' if result['device'].startswith('cuda') else 'resident'})"
+        lines.append(f"memory               weights {gb(memory['weights_bytes'])}{where}")
     if "plain" in result:
         p = result["plain"]
         same = "yes" if result["identical"] else f"no: first difference at new token {first_difference(result)}"
@@ -71,6 +116,26 @@ def stats_text(result: dict, stats: SpecStats | None) -> str:
                   f"identical tokens     {same}",
                   f"speedup              {result['speedup']:.2f}x"]
     return "\n".join(lines)
+
+
+# Below this share of drafts kept, sampling with argmax drafts is likely slower than plain sampling.
+ARGMAX_KEPT_HINT = 0.3
+
+
+def drafting_hint(result: dict) -> str | None:
+    """Sampling with argmax drafts that are rarely kept: the line that points at --drafting sample."""
+    sampling, s = result["sampling"], result["stats"]
+    if sampling["temperature"] == 0 or sampling.get("drafting") != "argmax" or not s["drafted"]:
+        return None
+    if s["acceptance_rate"] >= ARGMAX_KEPT_HINT:
+        return None
+    return (f"hint                 argmax drafts were kept {s['acceptance_rate']:.0%} of the time: a sampled token "
+            f"equals the drafter's argmax only so often. --drafting sample draws the drafts and keeps them by the "
+            f"rejection rule: exact in distribution too, and kept more often (its draws differ from plain sampling's)")
+
+
+def gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 def first_difference(result: dict) -> int:

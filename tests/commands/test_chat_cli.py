@@ -236,7 +236,7 @@ def test_dimmed_thought(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, expected", [
     (["--show-drafts", "--json"], "--show-drafts has no effect here: --json streams no text"),
-    (["--temperature", "0", "--seed", "1"], "--seed has no effect here"),
+    (["--temperature", "0", "--top-k", "5"], "--top-k has no effect here"),
     (["--no-assistant", "--schedule", "heuristic"], "--schedule has no effect here"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["--context", "1"], "--context"),
@@ -245,8 +245,8 @@ def test_dimmed_thought(tmp_path: Path) -> None:
     (["--max-new-tokens", "4", "--image=cat.png"], "--image is generate.py's, not chat.py's"),
     (["--video-frames", "clip/"], ("--video-frames is generate.py's, not chat.py's: a video is generate.py's alone: "
                                    "use generate.py --video-frames DIR")),
-    (["--image-tok", "70"], "unrecognized arguments: --image-tok 70"),
-    (["--no-assist"], "unrecognized arguments: --no-assist"),
+    (["--image-tok", "70"], "unrecognized argument --image-tok: did you mean --image-tokens?"),
+    (["--no-assist"], "unrecognized argument --no-assist: did you mean --no-assistant?"),
     # generate.py's rule: a model without a chat template (the demo) takes no --system or --think.
     (["--system", "Be brief."], ("--system has no effect here: the chat template writes it, and scripts/demo/target "
                                  "has no chat template")),

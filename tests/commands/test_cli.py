@@ -76,7 +76,8 @@ def test_json_contract_and_compare(pair: tuple[Path, Path]) -> None:
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # the whole of stdout is one JSON object
     assert set(result) == {"tokens", "text", "finish_reason", "stats", "sampling", "plain", "identical",
-                           "identical_expected", "low_precision", "speedup", "notes"}
+                           "identical_expected", "low_precision", "speedup", "notes", "target", "assistant", "dtype",
+                           "device", "threads", "prompt_tokens", "new_tokens", "memory"}
     assert result["low_precision"] is False and result["notes"] == []
     assert result["sampling"] == {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "drafting": "argmax"}
     tokens, stats = result["tokens"], result["stats"]
@@ -393,7 +394,8 @@ ARGUMENT_CASES = {  # name -> (arguments after --target/--assistant, what the er
     "device that does not exist": (["--device", "gpu"], "'gpu' is not a device name like cpu, cuda or cuda:1"),
     "raw with ids": (["--prompt-ids", "2", "--raw"], "--raw applies to --prompt text"),
     "ids that are not integers": (["--prompt-ids", "2,x"], "argument --prompt-ids: expected comma-separated integers"),
-    "unknown dtype": (["--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+    "unknown dtype": (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
+    "float16": (["--dtype", "float16"], "--dtype float16: Gemma 4 is trained and released in bfloat16"),
     "negative temperature": (["--temperature", "-0.5"], "--temperature must be a finite number, at least 0"),
     "infinite temperature": (["--temperature", "inf"], "--temperature must be a finite number, at least 0 (0 is greedy), got inf"),
     "temperature nan": (["--temperature", "nan"], "--temperature must be a finite number, at least 0 (0 is greedy), got nan"),
@@ -462,6 +464,11 @@ def test_prompt_text_without_tokenizer(pair: tuple[Path, Path], tmp_path: Path, 
 
 def test_hub_id_offline(tmp_path: Path) -> None:
     proc = run_subprocess(["--target", "google/gemma-4-no-such-model-it"],
+                          env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)})
+    assert_one_line_failure(proc.returncode, proc.stdout, proc.stderr,  # both repos the run needs, named
+                            "google/gemma-4-no-such-model-it and its assistant google/gemma-4-no-such-model-it-"
+                            "assistant are not on this machine and the Hub cannot be reached")
+    proc = run_subprocess(["--target", "google/gemma-4-no-such-model-it", "--no-assistant"],
                           env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)})
     assert_one_line_failure(proc.returncode, proc.stdout, proc.stderr,
                             "google/gemma-4-no-such-model-it is not on this machine")
