@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cli.flags import RULES, Parser, add_model_options, launched
-from cli.startup import quiet_interrupt
+from cli.startup import exit_now, quiet_interrupt
 
 PROMPT, MORE = ">>> ", "... "  # the prompt, and the one inside a multi-line message
 FENCE = '"""'  # a line holding only this opens and closes a multi-line message
@@ -503,4 +503,4 @@ def cli(argv: list[str] | None = None, source: TextIO | None = None, demo_target
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    exit_now(cli())

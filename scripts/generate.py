@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cli.flags import RULES, Parser, add_model_options, launched
-from cli.startup import quiet_interrupt
+from cli.startup import exit_now, quiet_interrupt
 
 # ---------------------------------------------------------------- command line
 
@@ -434,4 +434,4 @@ def cli(argv: list[str] | None = None, demo_target: Path = DEMO_TARGET) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    exit_now(cli())

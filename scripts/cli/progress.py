@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from tqdm import tqdm
 
 T = TypeVar("T")
-EVERY = 10.0  # seconds between two lines off a terminal
+EVERY = 8.0  # seconds between two lines off a terminal: a log is never silent for 10
 
 
 def shown(quiet: bool = False) -> bool:

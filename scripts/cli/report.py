@@ -135,7 +135,7 @@ def drafting_hint(result: dict) -> str | None:
 
 
 def gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def first_difference(result: dict) -> int:
