@@ -8,6 +8,7 @@ turn any failure inside the warm-up into one line that names the folder and both
 """
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,7 +44,9 @@ def compiling() -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
         raise
     except Exception as e:  # noqa: BLE001 (whatever torch.compile raises: its messages run to dozens of lines)
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")[:160]
-        raise CompileFailed(f"torch.compile failed ({type(e).__name__}: {first}). Its cache at {path} may be "
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        # torch's message opens with "backend='inductor' raised:"; the cause is the first line naming an error
+        cause = next((line for line in lines if re.match(r"\w*(Error|Exception)\b", line)), lines[0] if lines else "")
+        raise CompileFailed(f"torch.compile failed ({type(e).__name__}: {cause[:200]}). Its cache at {path} may be "
                             f"damaged (an interrupted warm-up leaves half-written files): remove that folder and run "
                             f"again, or run without --compile") from None
