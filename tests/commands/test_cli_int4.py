@@ -73,6 +73,8 @@ def test_an_int4_target_runs(int4_pair: tuple[Path, Path], capsys: pytest.Captur
     assert status == 0, err
     assert header(err).endswith(", 67 int4 layers)"), header(err)  # as the file stores them: not "quantized at load"
     assert "identical tokens     yes" in err
+    status, out, err = run_inprocess(capsys, [*common, "--prompt", "hi", "--quantize", "int4"])
+    assert status == 0 and header(err).endswith(", 67 int4 layers (int4 already: --quantize int4 changes nothing))")
     bf16 = torch.bfloat16  # an int4 target's default dtype
     expected = {fast: speculative_generate(load_target(target, bf16, fast=fast), load_drafter(assistant, bf16, fast=fast),
                                            IDS, 12, DraftLength(3)).tokens for fast in (True, False)}
