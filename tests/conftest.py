@@ -69,6 +69,16 @@ def pair(make_pair: MakePair) -> tuple[Path, Path]:
     return make_pair("e2b", ordered_embeddings=True, echo=True, release=True)
 
 
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One torch thread for a module's tests (`pytestmark = pytest.mark.usefixtures("one_thread")`): their tiny
+    matmuls gain nothing from a second thread, and lose time to it on a shared two-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def default_sigint() -> Iterator[None]:
     """SIGINT raises KeyboardInterrupt in this process, and in the scripts it starts, for one test.

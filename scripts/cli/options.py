@@ -365,7 +365,7 @@ def default_schedule(a: ModelFlags, target: Target) -> str:
     steps, a 4-row one 1.3: scripts/benchmark.md): the K that pays is measured, not taken from the release.
     Not under --compile (each K is a step compiled before the run) nor tensor-parallel (ranks that time
     differently would draft differently)."""
-    int4 = a.quantize_head or any(hasattr(module, "weight_packed") for module in target.model.modules())
+    int4 = int4_target(a, target.dir)  # the rule that chose its dtype
     return "auto" if int4 and not a.compile and target.shard is None else "constant"
 
 

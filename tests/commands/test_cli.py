@@ -35,12 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "generate.py"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():  # tiny matmuls: a second thread only adds contention on a shared CI machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 def run_subprocess(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

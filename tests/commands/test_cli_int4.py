@@ -26,12 +26,7 @@ DEMO = REPO / "scripts" / "demo"
 IDS = [2, 17, 300, 45, 99, 260, 7, 410, 33, 12, 5]  # below the test vocabulary (512) and the demo's (4096)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():  # noqa: ANN201 (tiny matmuls: a second thread only adds contention)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 
 import generate  # scripts/generate.py (pyproject.toml puts scripts/ on pytest's path)
 from gemma4.config import FULL, SLIDING
@@ -51,12 +50,7 @@ ROLL_BACK = re.compile(r"trace  6\. roll back cache length (\d+); "
 NO_DRAFTS = "nothing (K = 0: a plain decode step)"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():  # the demo's tiny matrices: a second thread only adds contention
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")

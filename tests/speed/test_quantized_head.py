@@ -22,12 +22,7 @@ from tests.pairs import prompt
 PROMPT = prompt(13, 77)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():  # noqa: ANN201 (tiny matmuls: a second thread only adds contention)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
